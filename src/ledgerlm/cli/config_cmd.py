@@ -1,0 +1,29 @@
+"""``ledgerlm config``: inspect recipes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ledgerlm.cli.ui import JsonOpt, SetOpt, console, friendly_errors
+from ledgerlm.config import load_recipe, recipe_to_toml
+
+app = typer.Typer(help="Inspect recipes.", no_args_is_help=True)
+
+
+@app.command("show")
+@friendly_errors
+def show(
+    recipe: Annotated[Path, typer.Argument(help="Recipe TOML file.")],
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print the fully resolved recipe: every default filled in, overrides applied."""
+    resolved = load_recipe(recipe, set_)
+    if as_json:
+        console.print_json(json.dumps(resolved.to_dict()))
+    else:
+        console.print(recipe_to_toml(resolved), highlight=False, markup=False)

@@ -1,0 +1,84 @@
+"""``ledgerlm``: the command line, a thin layer over the library."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ledgerlm.cli import config_cmd, data_cmd, ledger_cmd
+from ledgerlm.cli.recipes import shipped_recipe
+from ledgerlm.cli.render import (
+    counters_table,
+    evaluations_table,
+    funnel_table,
+    phase_table,
+    target_contract_line,
+    target_line,
+)
+from ledgerlm.cli.ui import DEFAULT_WS, RichProgress, SetOpt, WorkspaceOpt, console, friendly_errors
+from ledgerlm.config import load_recipe
+from ledgerlm.runner import RunResult, run_recipe
+from ledgerlm.workspace import Workspace
+
+app = typer.Typer(
+    name="ledgerlm",
+    help="A pretraining lab that keeps an honest ledger: tokens, updates and the wall time "
+    "of every phase until a quality target is confirmed on a fixed validation set.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.add_typer(config_cmd.app, name="config")
+app.add_typer(data_cmd.app, name="data")
+app.add_typer(ledger_cmd.app, name="ledger")
+
+
+def _print_result(result: RunResult) -> None:
+    s = result.summary
+    console.print()
+    console.print(funnel_table(result.data.manifest, result.tokens.manifest))
+    console.print()
+    console.print(counters_table(s))
+    console.print()
+    console.print(evaluations_table(s, limit=8))
+    console.print()
+    console.print(phase_table(s))
+    console.print()
+    console.print(f"run {result.run_id}: {result.params:,} parameters")
+    console.print(target_contract_line(s))
+    reached = s["time_to_target"]["reached"]
+    console.print(f"[bold {'green' if reached else 'red'}]{target_line(s)}[/]")
+
+
+def _run(recipe_path: Path, workspace: Path, overrides: list[str] | None) -> None:
+    recipe = load_recipe(recipe_path, overrides)
+    with RichProgress() as progress:
+        result = run_recipe(recipe, Workspace(workspace), progress)
+    _print_result(result)
+
+
+@app.command()
+@friendly_errors
+def run(
+    recipe: Annotated[Path, typer.Argument(help="Recipe TOML file.")],
+    workspace: WorkspaceOpt = DEFAULT_WS,
+    set_: SetOpt = None,
+) -> None:
+    """Run a recipe end to end: prepare data, tokenize, train to the target, record it all."""
+    _run(recipe, workspace, set_)
+
+
+@app.command()
+@friendly_errors
+def demo(
+    workspace: WorkspaceOpt = DEFAULT_WS,
+    set_: SetOpt = None,
+) -> None:
+    """The whole pipeline on the built-in corpus (Python's own files), with the demo recipe."""
+    _run(shipped_recipe("demo"), workspace, set_)
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app()

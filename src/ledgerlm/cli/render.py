@@ -1,0 +1,125 @@
+"""Rich tables for runs, built only from manifests and the ledger summary."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.table import Table
+
+from ledgerlm.cli.ui import fmt_seconds
+from ledgerlm.ledger.target import TimeToTarget
+
+PHASE_ORDER = ("prep", "tokenize", "train", "eval", "checkpoint")
+
+
+def _ttt(summary: dict[str, Any]) -> TimeToTarget:
+    t = summary["time_to_target"]
+    return TimeToTarget(
+        reached=t["reached"],
+        step=t["step"],
+        seconds=t["seconds"],
+        by_phase=t["by_phase"],
+        evaluation=t["evaluation"],
+        metric=t["metric"],
+        threshold=t["threshold"],
+    )
+
+
+def target_line(summary: dict[str, Any]) -> str:
+    return _ttt(summary).describe()
+
+
+def contract(summary: dict[str, Any]) -> dict[str, Any] | None:
+    for event in summary["events"]:
+        if event["kind"] == "target_contract":
+            return json.loads(event["message"])
+    return None
+
+
+def funnel_table(data_manifest: dict[str, Any], tokens_manifest: dict[str, Any]) -> Table:
+    counts = data_manifest["counts"]
+    t = Table(title="data funnel", show_edge=False)
+    t.add_column("step")
+    t.add_column("documents", justify="right")
+    t.add_column("detail")
+    skipped = sum(len(i["read"].get("skipped_not_utf8", [])) for i in data_manifest["inputs"])
+    truncated = sum(i["read"].get("truncated", 0) for i in data_manifest["inputs"])
+    t.add_row(
+        "read",
+        f"{counts['records_in']:,}",
+        f"{skipped} files skipped (not UTF-8), {truncated} cut at the size cap",
+    )
+    for d in counts["dropped"]:
+        t.add_row(f"- {d['step']}", f"{d['documents']:,}", d["reason"])
+    t.add_row("kept", f"{counts['kept']:,}", f"data version {data_manifest['version']}")
+    by_split: dict[str, list[int]] = {}
+    for row in tokens_manifest["counts"]:
+        acc = by_split.setdefault(row["split"], [0, 0])
+        acc[0] += row["documents"]
+        acc[1] += row["tokens"]
+    for split, (docs, tokens) in by_split.items():
+        t.add_row(f"  {split}", f"{docs:,}", f"{tokens:,} tokens")
+    tok = tokens_manifest["tokenizer"]
+    t.add_row(
+        "tokenizer",
+        "",
+        f"{tok['type']}, vocab {tok['vocab_size']:,}, tokens version {tokens_manifest['version']}",
+    )
+    return t
+
+
+def phase_table(summary: dict[str, Any]) -> Table:
+    ttt = _ttt(summary)
+    t = Table(title="time per phase", show_edge=False)
+    t.add_column("phase")
+    t.add_column("total", justify="right")
+    t.add_column("to target", justify="right")
+    totals = summary["phase_totals"]
+    kinds = [k for k in PHASE_ORDER if k in totals] + [k for k in totals if k not in PHASE_ORDER]
+    for kind in kinds:
+        to_target = ttt.by_phase.get(kind, 0.0) if ttt.reached else None
+        t.add_row(kind, fmt_seconds(totals[kind]), fmt_seconds(to_target))
+    t.add_row("[bold]all[/]", fmt_seconds(summary["total_seconds"]), fmt_seconds(ttt.seconds))
+    return t
+
+
+def counters_table(summary: dict[str, Any]) -> Table:
+    t = Table(title="counters", show_edge=False)
+    t.add_column("counter")
+    t.add_column("value", justify="right")
+    for name, value in summary["counters"].items():
+        t.add_row(name, f"{value:,}")
+    return t
+
+
+def evaluations_table(summary: dict[str, Any], limit: int | None = None) -> Table:
+    evals = summary["evaluations"]
+    names = sorted({k for e in evals for k in e["metrics"]}, key=lambda k: (k != "loss", k))
+    t = Table(title="evaluations", show_edge=False)
+    for col in ("step", "tokens", "snapshot", *names):
+        t.add_column(col, justify="right" if col != "snapshot" else "left")
+    threshold = summary["run"]["target_value"]
+    shown = evals if limit is None or len(evals) <= limit else evals[-limit:]
+    for e in shown:
+        cells = []
+        for n in names:
+            v = e["metrics"].get(n)
+            cell = "-" if v is None else f"{v:.4f}"
+            if n == summary["run"]["target_metric"] and v is not None and v <= threshold:
+                cell = f"[green]{cell}[/]"
+            cells.append(cell)
+        t.add_row(str(e["step"]), f"{e['tokens']:,}", e["snapshot"][:10], *cells)
+    return t
+
+
+def target_contract_line(summary: dict[str, Any]) -> str:
+    c = contract(summary)
+    run = summary["run"]
+    line = f"target: val {run['target_metric']} <= {run['target_value']:.3f} nat/token"
+    if c:
+        line += (
+            f" (unigram entropy of the {c['val_targets']:,} val targets: "
+            f"{c['val_unigram_entropy']:.3f})"
+        )
+    return line

@@ -1,0 +1,108 @@
+"""Terminal helpers shared by the commands: progress bars, errors, tables."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from ledgerlm.config import RecipeError
+from ledgerlm.data.pipeline import DataError
+from ledgerlm.ledger.store import LedgerError
+from ledgerlm.workspace import DEFAULT_WORKSPACE
+
+console = Console()
+err_console = Console(stderr=True)
+
+WorkspaceOpt = Annotated[
+    Path,
+    typer.Option(
+        "--workspace",
+        "-w",
+        envvar="LEDGERLM_WORKSPACE",
+        help="Workspace folder (data and token versions, runs, ledger.db).",
+    ),
+]
+DEFAULT_WS = DEFAULT_WORKSPACE
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override a recipe value: section.key=value (repeatable)."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+USER_ERRORS = (RecipeError, DataError, LedgerError, FileNotFoundError, ValueError)
+
+
+def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn expected errors into one clear line on stderr and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except USER_ERRORS as exc:
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err_console.print("[bold red]interrupted[/]")
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+class _RichTask:
+    def __init__(self, progress: Progress, task_id: Any) -> None:
+        self.progress, self.task_id = progress, task_id
+
+    def advance(self, n: float = 1, **fields: Any) -> None:
+        self.progress.update(self.task_id, advance=n, **fields)
+
+
+class RichProgress:
+    """Library ``Progress`` backed by rich bars (quiet when stderr is not a terminal)."""
+
+    def __init__(self) -> None:
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[info]}"),
+            console=err_console,
+            transient=False,
+            disable=not sys.stderr.isatty(),
+        )
+
+    def __enter__(self) -> RichProgress:
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._progress.__exit__(*exc)
+
+    @contextmanager
+    def task(self, description: str, total: float | None = None) -> Iterator[_RichTask]:
+        task_id = self._progress.add_task(description, total=total, info="")
+        yield _RichTask(self._progress, task_id)
+        if total is None:  # an open-ended task ends as a full bar
+            done = next(t.completed for t in self._progress.tasks if t.id == task_id)
+            self._progress.update(task_id, total=done or 1, completed=done or 1)
+
+
+def fmt_seconds(s: float | None) -> str:
+    return "-" if s is None else f"{s:,.1f} s"

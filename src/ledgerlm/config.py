@@ -1,0 +1,220 @@
+"""The recipe: one typed config tree, loaded from TOML, with dotted overrides.
+
+Every component receives only its own section. Unknown keys and wrong types are
+errors that name the key and the file, so a typo never silently falls back to a
+default. A run stores the fully resolved recipe (``Recipe.model_dump``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be loaded; the message is one line naming the problem."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BuiltinCorpusConfig(_Section):
+    """Size caps of the built-in ``builtin:stdlib`` corpus (no download of any kind)."""
+
+    code_docs: int = Field(
+        400, ge=0, description="Max standard-library .py files (tests excluded)."
+    )
+    docs_docs: int = Field(200, ge=0, description="Max documentation documents.")
+    math_docs: int = Field(400, ge=0, description="Synthetic arithmetic/algebra documents.")
+    math_lines: int = Field(24, ge=1, description="Lines per synthetic math document.")
+    max_doc_chars: int = Field(20_000, ge=100, description="Longer documents are cut at a line.")
+    seed: int = Field(0, description="Seed of the synthetic math generator.")
+
+
+class DataConfig(_Section):
+    """Data stage: read, exact dedup on normalized text, split train/val by document."""
+
+    sources: list[str] = Field(default_factory=lambda: ["builtin:stdlib"])
+    builtin: BuiltinCorpusConfig = Field(default_factory=BuiltinCorpusConfig)
+    val_fraction: float = Field(0.05, gt=0.0, lt=1.0, description="Share of documents held out.")
+    split_seed: int = Field(0, description="Salt of the per-document split hash.")
+    shard_docs: int = Field(2_000, ge=1, description="Documents per Parquet shard.")
+
+
+class TokenizerConfig(_Section):
+    """Byte-level BPE trained with Hugging Face ``tokenizers`` on the train split only."""
+
+    vocab_size: int = Field(4096, ge=300, le=65_535)
+    min_frequency: int = Field(2, ge=1)
+    max_train_chars: int = Field(
+        20_000_000, ge=1, description="Characters of train text used to learn merges."
+    )
+
+
+class PackConfig(_Section):
+    """How documents become fixed-length rows."""
+
+    seq_len: int = Field(256, ge=8, description="Prediction positions per row.")
+    attention: Literal["isolated", "cross"] = Field(
+        "isolated", description="isolated: block-causal by document; cross: plain causal."
+    )
+    reset_positions: bool = Field(True, description="Restart position ids at each document.")
+
+
+class ModelConfig(_Section):
+    """A Llama-style decoder (RMSNorm, RoPE, SwiGLU)."""
+
+    d_model: int = Field(128, ge=8)
+    n_layers: int = Field(4, ge=1)
+    n_heads: int = Field(4, ge=1)
+    ffn_mult: float = Field(8 / 3, gt=0, description="SwiGLU hidden = ffn_mult * d_model, rounded.")
+    rope_theta: float = Field(10_000.0, gt=0)
+    norm_eps: float = Field(1e-5, gt=0)
+    tie_embeddings: bool = True
+    init_std: float = Field(0.02, gt=0)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelConfig:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if (self.d_model // self.n_heads) % 2:
+            raise ValueError("head dimension d_model/n_heads must be even for RoPE")
+        return self
+
+
+class TrainConfig(_Section):
+    """Optimizer, schedule and batch shape. Steps are optimizer updates."""
+
+    seed: int = 0
+    max_steps: int = Field(200, ge=1)
+    micro_batch_rows: int = Field(16, ge=1, description="Rows per forward/backward pass.")
+    grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer update.")
+    lr: float = Field(3e-3, gt=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine floor as a share of lr.")
+    warmup_steps: int = Field(20, ge=0)
+    weight_decay: float = Field(0.1, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(1e-8, gt=0)
+    grad_clip: float = Field(1.0, ge=0, description="Max global grad norm; 0 disables clipping.")
+    threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = all cores.")
+
+
+class EvalConfig(_Section):
+    """The target contract: fixed validation tokens, metric, threshold, interval."""
+
+    every_steps: int = Field(50, ge=1)
+    max_tokens: int = Field(65_536, ge=16, description="Size of the fixed validation token set.")
+    target_loss: float = Field(4.0, gt=0, description="Validation loss (nat/token) to confirm.")
+    stop_at_target: bool = Field(True, description="Stop training once the target is confirmed.")
+
+
+class Recipe(_Section):
+    name: str = "recipe"
+    data: DataConfig = Field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    pack: PackConfig = Field(default_factory=PackConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def digest(self, *sections: str) -> str:
+        """A stable hash of the named sections (all when none are named)."""
+        full = self.to_dict()
+        picked = {k: full[k] for k in sections} if sections else full
+        blob = json.dumps(picked, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _parse_value(text: str) -> Any:
+    """A --set value is read as a TOML value when it parses as one, else as a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``section.key=value`` overrides to a raw recipe dict (returns a new dict)."""
+    out = json.loads(json.dumps(tree))
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise RecipeError(f"--set {item!r}: expected section.key=value")
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise RecipeError(f"--set {key}: {part!r} is a value, not a section")
+            node = child
+        node[parts[-1]] = _parse_value(value.strip())
+    return out
+
+
+def _describe(err: ValidationError, origin: str) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(recipe)"
+    if first["type"] == "extra_forbidden":
+        return f"{origin}: unknown key '{where}'"
+    return f"{origin}: {where}: {first['msg']}"
+
+
+def recipe_from_dict(tree: dict[str, Any], origin: str = "<recipe>") -> Recipe:
+    try:
+        return Recipe.model_validate(tree)
+    except ValidationError as err:
+        raise RecipeError(_describe(err, origin)) from None
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    """Load a TOML recipe and apply ``--set`` overrides; errors name the file and key."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"{path}: recipe file not found")
+    try:
+        tree = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise RecipeError(f"{path}: not valid TOML: {err}") from None
+    tree.setdefault("name", path.stem)
+    origin = str(path)
+    if overrides:
+        tree = apply_overrides(tree, overrides)
+        origin = f"{path} (with --set)"
+    return recipe_from_dict(tree, origin)
+
+
+def recipe_to_toml(recipe: Recipe) -> str:
+    """Render a resolved recipe as TOML (sections of scalars and arrays only)."""
+
+    def scalar(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list | tuple):
+            return "[" + ", ".join(scalar(x) for x in v) + "]"
+        return repr(v)
+
+    lines: list[str] = []
+
+    def section(prefix: str, node: dict[str, Any]) -> None:
+        flat = {k: v for k, v in node.items() if not isinstance(v, dict)}
+        nested = {k: v for k, v in node.items() if isinstance(v, dict)}
+        if prefix:
+            lines.append(f"\n[{prefix}]")
+        lines.extend(f"{k} = {scalar(v)}" for k, v in flat.items())
+        for k, v in nested.items():
+            section(f"{prefix}.{k}" if prefix else k, v)
+
+    section("", recipe.to_dict())
+    return "\n".join(lines).lstrip() + "\n"

@@ -1,0 +1,422 @@
+"""The ledger: one SQLite file holding what every run spent and measured.
+
+Every write commits on its own, so a process killed mid-run leaves all completed rows
+behind, and a phase row is inserted *before* its work starts, so a crash shows up as an
+open phase instead of silently vanishing. WAL mode lets a reporting process read the
+file while a training process is writing it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from ledgerlm.ledger.target import time_to_target
+
+SCHEMA_VERSION = 1
+RUN_STATUSES = ("running", "reached", "not reached", "failed")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY, name TEXT, created_at REAL, status TEXT, recipe_json TEXT,
+    data_version TEXT, tokens_version TEXT, target_metric TEXT, target_value REAL,
+    eval_every INTEGER, meta_json TEXT
+);
+CREATE TABLE IF NOT EXISTS phases (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT REFERENCES runs(id), kind TEXT,
+    started_at REAL, ended_at REAL NULL, seconds REAL NULL, step_start INTEGER NULL,
+    step_end INTEGER NULL, detail_json TEXT
+);
+CREATE TABLE IF NOT EXISTS evaluations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT REFERENCES runs(id),
+    phase_id INTEGER REFERENCES phases(id), step INTEGER, tokens INTEGER, targets INTEGER,
+    updates INTEGER, snapshot TEXT, metrics_json TEXT, created_at REAL
+);
+CREATE TABLE IF NOT EXISTS counters (
+    run_id TEXT REFERENCES runs(id), name TEXT, value REAL, PRIMARY KEY (run_id, name)
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT REFERENCES runs(id),
+    step INTEGER NULL, kind TEXT, message TEXT, created_at REAL
+);
+CREATE INDEX IF NOT EXISTS phases_run ON phases(run_id, id);
+CREATE INDEX IF NOT EXISTS evaluations_run ON evaluations(run_id, step, id);
+CREATE INDEX IF NOT EXISTS events_run ON events(run_id, id);
+"""
+
+
+class LedgerError(Exception):
+    """A ledger request that cannot be honoured; the message is one line."""
+
+
+def _json_default(obj: Any) -> Any:
+    # Training code hands over numpy/torch scalars; a ledger write must not crash a run
+    # over a detail's type, so scalars become Python numbers and the rest text.
+    item = getattr(obj, "item", None)
+    if callable(item):
+        try:
+            return item()
+        except (TypeError, ValueError):
+            pass
+    return str(obj)
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, default=_json_default)
+
+
+def _number(value: float) -> float | int:
+    # Counters are stored as REAL; show whole numbers as ints so token counts read naturally.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+@dataclass
+class OpenPhase:
+    """Handle yielded by ``Ledger.phase``; the caller may fill ``detail`` and ``step_end``."""
+
+    id: int
+    run_id: str
+    kind: str
+    step_start: int | None = None
+    step_end: int | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Ledger:
+    """One SQLite ledger file; cheap to open, safe to open from several processes."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Autocommit mode: single statements commit at once, multi-statement writes use
+        # an explicit BEGIN IMMEDIATE so they take the write lock up front.
+        self._conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        self._conn.row_factory = sqlite3.Row
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.execute("PRAGMA foreign_keys=ON")
+        self._init_schema()
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._conn
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    def _init_schema(self) -> None:
+        with self._write() as conn:
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(
+                "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
+            )
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None or row["value"] != str(SCHEMA_VERSION):
+            found = None if row is None else row["value"]
+            raise LedgerError(
+                f"{self.path}: schema_version {found}, this code reads {SCHEMA_VERSION}"
+            )
+
+    def _require_run(self, run_id: str) -> None:
+        if self._conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
+            raise LedgerError(f"no run with id {run_id!r}")
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- runs ---------------------------------------------------------------------------
+
+    def create_run(
+        self,
+        name: str,
+        recipe: dict,
+        *,
+        target_metric: str,
+        target_value: float,
+        eval_every: int,
+        data_version: str | None = None,
+        tokens_version: str | None = None,
+        meta: dict | None = None,
+    ) -> str:
+        """Register a run as ``running``; the id embeds the UTC start so ids sort by time."""
+        if not name:
+            raise LedgerError("run name must not be empty")
+        if not target_metric:
+            raise LedgerError("target_metric must not be empty")
+        if not math.isfinite(target_value):
+            raise LedgerError(f"target_value must be finite, got {target_value!r}")
+        if eval_every < 1:
+            raise LedgerError(f"eval_every must be >= 1, got {eval_every}")
+        recipe_json, meta_json = _dumps(recipe), _dumps(meta or {})
+        for _ in range(100):
+            now = time.time()
+            stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%d-%H%M%S")
+            run_id = f"{name}-{stamp}-{secrets.token_hex(2)}"
+            try:
+                self._conn.execute(
+                    "INSERT INTO runs(id, name, created_at, status, recipe_json, data_version,"
+                    " tokens_version, target_metric, target_value, eval_every, meta_json)"
+                    " VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        run_id,
+                        name,
+                        now,
+                        recipe_json,
+                        data_version,
+                        tokens_version,
+                        target_metric,
+                        float(target_value),
+                        int(eval_every),
+                        meta_json,
+                    ),
+                )
+            except sqlite3.IntegrityError:
+                continue  # the 4 hex chars collided within the same second; draw again
+            return run_id
+        raise LedgerError(f"could not allocate a unique id for run {name!r}")
+
+    def set_versions(
+        self, run_id: str, data_version: str | None = None, tokens_version: str | None = None
+    ) -> None:
+        """Fill in versions known only after the data/tokenize stages; ``None`` keeps a value."""
+        self._require_run(run_id)
+        self._conn.execute(
+            "UPDATE runs SET data_version = COALESCE(?, data_version),"
+            " tokens_version = COALESCE(?, tokens_version) WHERE id = ?",
+            (data_version, tokens_version, run_id),
+        )
+
+    def finish_run(self, run_id: str, status: str) -> None:
+        if status not in RUN_STATUSES:
+            raise LedgerError(f"status must be one of {', '.join(RUN_STATUSES)}; got {status!r}")
+        self._require_run(run_id)
+        self._conn.execute("UPDATE runs SET status = ? WHERE id = ?", (status, run_id))
+
+    def list_runs(self) -> list[dict]:
+        rows = self._conn.execute(
+            "SELECT id, name, created_at, status, data_version, tokens_version FROM runs"
+            " ORDER BY created_at DESC, rowid DESC"
+        ).fetchall()
+        return [dict(row) for row in rows]
+
+    def resolve_run(self, ref: str) -> str:
+        """Turn what a user typed (an id, ``latest`` or an id prefix) into one run id."""
+        runs = [row["id"] for row in self.list_runs()]
+        if ref in runs:
+            return ref
+        if ref == "latest":
+            if not runs:
+                raise LedgerError("no runs in the ledger yet")
+            return runs[0]
+        matches = [run_id for run_id in runs if ref and run_id.startswith(ref)]
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise LedgerError(f"no run matches {ref!r}")
+        shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
+        raise LedgerError(f"{ref!r} matches {len(matches)} runs: {shown}")
+
+    # -- phases, evaluations, counters, events ------------------------------------------
+
+    @contextmanager
+    def phase(
+        self, run_id: str, kind: str, *, step_start: int | None = None, **detail: Any
+    ) -> Iterator[OpenPhase]:
+        """Time a block of work; the row exists (open) before the work starts."""
+        self._require_run(run_id)
+        started_at = time.time()
+        cur = self._conn.execute(
+            "INSERT INTO phases(run_id, kind, started_at, step_start, detail_json)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (run_id, kind, started_at, step_start, _dumps(detail)),
+        )
+        handle = OpenPhase(
+            id=int(cur.lastrowid),
+            run_id=run_id,
+            kind=kind,
+            step_start=step_start,
+            detail=dict(detail),
+        )
+        t0 = time.perf_counter()
+        try:
+            yield handle
+        except BaseException as exc:
+            handle.detail["error"] = repr(exc)
+            raise
+        finally:
+            seconds = time.perf_counter() - t0
+            self._conn.execute(
+                "UPDATE phases SET ended_at = ?, seconds = ?, step_end = ?, detail_json = ?"
+                " WHERE id = ?",
+                (time.time(), seconds, handle.step_end, _dumps(handle.detail), handle.id),
+            )
+
+    def record_phase(
+        self,
+        run_id: str,
+        kind: str,
+        seconds: float,
+        *,
+        step_start: int | None = None,
+        step_end: int | None = None,
+        detail: dict | None = None,
+    ) -> int:
+        """A phase whose duration is already known; it is taken to have just ended."""
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise LedgerError(f"phase seconds must be finite and >= 0, got {seconds!r}")
+        self._require_run(run_id)
+        ended_at = time.time()
+        cur = self._conn.execute(
+            "INSERT INTO phases(run_id, kind, started_at, ended_at, seconds, step_start,"
+            " step_end, detail_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                run_id,
+                kind,
+                ended_at - seconds,
+                ended_at,
+                float(seconds),
+                step_start,
+                step_end,
+                _dumps(detail or {}),
+            ),
+        )
+        return int(cur.lastrowid)
+
+    def add_evaluation(
+        self,
+        run_id: str,
+        *,
+        step: int,
+        tokens: int,
+        targets: int,
+        updates: int,
+        metrics: dict[str, float],
+        snapshot: str,
+        phase_id: int | None,
+    ) -> int:
+        """Record an evaluation; binding it to its eval phase is what bounds time-to-target."""
+        self._require_run(run_id)
+        if phase_id is not None:
+            row = self._conn.execute(
+                "SELECT run_id FROM phases WHERE id = ?", (phase_id,)
+            ).fetchone()
+            if row is None or row["run_id"] != run_id:
+                raise LedgerError(f"phase {phase_id} does not belong to run {run_id!r}")
+        # A metric that failed to compute is kept as null: visible, and never confirming.
+        clean = {str(k): None if v is None else float(v) for k, v in metrics.items()}
+        cur = self._conn.execute(
+            "INSERT INTO evaluations(run_id, phase_id, step, tokens, targets, updates, snapshot,"
+            " metrics_json, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                run_id,
+                phase_id,
+                int(step),
+                int(tokens),
+                int(targets),
+                int(updates),
+                snapshot,
+                json.dumps(clean),
+                time.time(),
+            ),
+        )
+        return int(cur.lastrowid)
+
+    def set_counters(self, run_id: str, counters: dict[str, float]) -> None:
+        self._require_run(run_id)
+        with self._write() as conn:
+            conn.executemany(
+                "INSERT INTO counters(run_id, name, value) VALUES (?, ?, ?)"
+                " ON CONFLICT(run_id, name) DO UPDATE SET value = excluded.value",
+                [(run_id, str(name), float(value)) for name, value in counters.items()],
+            )
+
+    def add_event(self, run_id: str, kind: str, message: str, step: int | None = None) -> None:
+        self._require_run(run_id)
+        self._conn.execute(
+            "INSERT INTO events(run_id, step, kind, message, created_at) VALUES (?, ?, ?, ?, ?)",
+            (run_id, step, kind, message, time.time()),
+        )
+
+    # -- reading ------------------------------------------------------------------------
+
+    def run_summary(self, run_id: str) -> dict:
+        """Everything known about one run, with the time-to-target verdict computed fresh."""
+        row = self._conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise LedgerError(f"no run with id {run_id!r}")
+        run = dict(row)
+        run["recipe"] = json.loads(run.pop("recipe_json") or "{}")
+        run["meta"] = json.loads(run.pop("meta_json") or "{}")
+
+        phases = []
+        for phase_row in self._conn.execute(
+            "SELECT * FROM phases WHERE run_id = ? ORDER BY id", (run_id,)
+        ):
+            phase = dict(phase_row)
+            phase["detail"] = json.loads(phase.pop("detail_json") or "{}")
+            phases.append(phase)
+        totals: dict[str, float] = {}
+        for phase in phases:
+            totals[phase["kind"]] = totals.get(phase["kind"], 0.0) + (phase["seconds"] or 0.0)
+
+        evaluations = []
+        for eval_row in self._conn.execute(
+            "SELECT * FROM evaluations WHERE run_id = ? ORDER BY step, id", (run_id,)
+        ):
+            evaluation = dict(eval_row)
+            evaluation["metrics"] = json.loads(evaluation.pop("metrics_json") or "{}")
+            evaluations.append(evaluation)
+
+        counters = {
+            r["name"]: _number(r["value"])
+            for r in self._conn.execute(
+                "SELECT name, value FROM counters WHERE run_id = ? ORDER BY name", (run_id,)
+            )
+        }
+        events = [
+            dict(r)
+            for r in self._conn.execute(
+                "SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,)
+            )
+        ]
+        verdict = time_to_target(phases, evaluations, run["target_metric"], run["target_value"])
+        return {
+            "run": run,
+            "phases": phases,
+            "phase_totals": totals,
+            "total_seconds": sum(totals.values()),
+            "counters": counters,
+            "evaluations": evaluations,
+            "events": events,
+            "time_to_target": verdict.to_dict(),
+        }

@@ -1,0 +1,118 @@
+"""Time-to-target: what reaching the quality target actually cost.
+
+A target is only *confirmed* at an evaluation: a loss that would have crossed the
+threshold between two evaluations was not known to have crossed it, so the run kept
+paying until the next evaluation said so. The bill therefore runs up to and including
+the evaluation phase that confirmed the target, and covers every phase before it
+(prep, tokenize, train, eval, checkpoint), not just the training steps.
+
+These are pure functions over plain rows so that the rule can be tested and reused
+without a database.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TimeToTarget:
+    """The verdict for one run; ``seconds`` is ``None`` unless the target was confirmed."""
+
+    reached: bool
+    step: int | None
+    seconds: float | None
+    by_phase: dict[str, float]
+    evaluation: dict | None
+    metric: str
+    threshold: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able form; an unreached run says so explicitly rather than omitting fields."""
+        return {
+            "reached": self.reached,
+            "status": "reached" if self.reached else "not reached",
+            "step": self.step,
+            "seconds": self.seconds,
+            "by_phase": dict(self.by_phase),
+            "evaluation": dict(self.evaluation) if self.evaluation is not None else None,
+            "metric": self.metric,
+            "threshold": self.threshold,
+        }
+
+    def describe(self) -> str:
+        """One line for humans; never claims success without a confirming evaluation."""
+        if not self.reached or self.seconds is None:
+            return "target NOT reached"
+        return f"target reached at step {self.step} after {self.seconds:.1f} s"
+
+
+def _confirms(metrics: Mapping[str, Any] | None, metric: str, threshold: float) -> bool:
+    # A missing, non-numeric or non-finite value is a failed measurement, not a success:
+    # NaN compares False anyway, but -inf would otherwise "beat" any threshold.
+    if not metrics or metric not in metrics:
+        return False
+    value = metrics[metric]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value) and value <= threshold
+
+
+def _phase_seconds(phase: Mapping[str, Any]) -> float:
+    # A phase that never ended (crash, kill) has no trustworthy duration; counting it as
+    # 0 keeps the sum defined while the open row itself stays visible in the ledger.
+    seconds = phase.get("seconds")
+    if seconds is None:
+        return 0.0
+    seconds = float(seconds)
+    return seconds if math.isfinite(seconds) else 0.0
+
+
+def time_to_target(
+    phases: Sequence[Mapping[str, Any]],
+    evaluations: Sequence[Mapping[str, Any]],
+    metric: str,
+    threshold: float,
+) -> TimeToTarget:
+    """Apply the confirmation rule: the first evaluation by step with ``metric <= threshold``.
+
+    Phase ids are insertion order, which is time order, so "everything spent until the
+    confirming evaluation finished" is every phase whose id is at most that evaluation's
+    phase id. An evaluation not bound to a phase cannot bound the bill, so all recorded
+    phases are charged: overstating cost is safe, understating it is not.
+    """
+    # sorted() is stable: evaluations at the same step keep their given (id) order.
+    ordered = sorted(evaluations, key=lambda ev: ev["step"])
+    confirming = next(
+        (ev for ev in ordered if _confirms(ev.get("metrics"), metric, threshold)), None
+    )
+    if confirming is None:
+        return TimeToTarget(
+            reached=False,
+            step=None,
+            seconds=None,
+            by_phase={},
+            evaluation=None,
+            metric=metric,
+            threshold=threshold,
+        )
+
+    limit = confirming.get("phase_id")
+    by_phase: dict[str, float] = {}
+    for phase in phases:
+        if limit is not None and phase["id"] > limit:
+            continue
+        kind = str(phase["kind"])
+        by_phase[kind] = by_phase.get(kind, 0.0) + _phase_seconds(phase)
+    return TimeToTarget(
+        reached=True,
+        step=int(confirming["step"]),
+        seconds=sum(by_phase.values()),
+        by_phase=by_phase,
+        evaluation=dict(confirming),
+        metric=metric,
+        threshold=threshold,
+    )

@@ -1,0 +1,190 @@
+"""The tokens stage: memory-mapped token shards plus a document index.
+
+Each split is one flat array of token ids on disk (``uint16`` when the
+vocabulary fits, else ``uint32``) with no BOS/EOS; the index gives each
+document's shard, offset, length, id, domain and split. Packing adds the
+boundaries, so one token version serves any packing recipe.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ledgerlm.config import TokenizerConfig
+from ledgerlm.data.pipeline import SPLITS, DataResult, iter_split
+from ledgerlm.progress import NullProgress, Progress
+from ledgerlm.tokens.tokenizer import load_tokenizer, special_ids, train_tokenizer
+from ledgerlm.workspace import (
+    MANIFEST,
+    SCHEMA_VERSION,
+    Workspace,
+    atomic_write_json,
+    content_hash,
+    file_sha256,
+    read_json,
+)
+
+INDEX_SCHEMA = pa.schema(
+    [
+        ("doc_id", pa.string()),
+        ("domain", pa.string()),
+        ("split", pa.string()),
+        ("shard", pa.string()),
+        ("offset", pa.int64()),
+        ("length", pa.int64()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class TokensResult:
+    version: str
+    path: Path
+    manifest: dict[str, Any]
+    reused: bool
+    seconds: float
+
+
+def tokens_version(data_version: str, cfg: TokenizerConfig) -> str:
+    return content_hash("tokens", SCHEMA_VERSION, data_version, cfg.model_dump(mode="json"))
+
+
+def build_tokens(
+    data: DataResult,
+    cfg: TokenizerConfig,
+    workspace: Workspace,
+    progress: Progress | None = None,
+) -> TokensResult:
+    """Train the tokenizer on the train split only, then encode both splits shard by shard."""
+    progress = progress or NullProgress()
+    start = time.perf_counter()
+    version = tokens_version(data.version, cfg)
+    if workspace.has_version("tokens", version):
+        path = workspace.version_dir("tokens", version)
+        return TokensResult(
+            version, path, read_json(path / MANIFEST), True, time.perf_counter() - start
+        )
+
+    def train_texts():
+        for table in iter_split(data.path, data.manifest, "train"):
+            yield from table.column("text").to_pylist()
+
+    with workspace.building("tokens", version) as tmp:
+        with progress.task("tokens: train BPE") as task:
+            tok = train_tokenizer(train_texts(), cfg)
+            task.advance(1)
+        tok.save(str(tmp / "tokenizer.json"))
+        vocab = tok.get_vocab_size()
+        dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.uint32
+
+        index_rows: list[dict[str, Any]] = []
+        files, counts = [], []
+        total_docs = data.manifest["counts"]["kept"]
+        with progress.task("tokens: encode", total=total_docs) as task:
+            for split in SPLITS:
+                shard = f"{split}.bin"
+                offset = 0
+                per_domain: dict[str, list[int]] = {}
+                with open(tmp / shard, "wb") as out:
+                    for table in iter_split(data.path, data.manifest, split):
+                        texts = table.column("text").to_pylist()
+                        encodings = tok.encode_batch(texts, add_special_tokens=False)
+                        for doc_id, domain, enc in zip(
+                            table.column("id").to_pylist(),
+                            table.column("domain").to_pylist(),
+                            encodings,
+                            strict=True,
+                        ):
+                            ids = np.asarray(enc.ids, dtype=dtype)
+                            out.write(ids.tobytes())
+                            index_rows.append(
+                                {
+                                    "doc_id": doc_id,
+                                    "domain": domain,
+                                    "split": split,
+                                    "shard": shard,
+                                    "offset": offset,
+                                    "length": len(ids),
+                                }
+                            )
+                            offset += len(ids)
+                            stat = per_domain.setdefault(domain, [0, 0])
+                            stat[0] += 1
+                            stat[1] += len(ids)
+                        task.advance(len(texts))
+                files.append(
+                    {
+                        "path": shard,
+                        "split": split,
+                        "tokens": offset,
+                        "sha256": file_sha256(tmp / shard),
+                    }
+                )
+                counts += [
+                    {"split": split, "domain": d, "documents": n, "tokens": t}
+                    for d, (n, t) in sorted(per_domain.items())
+                ]
+        pq.write_table(pa.Table.from_pylist(index_rows, schema=INDEX_SCHEMA), tmp / "index.parquet")
+        manifest = {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "tokens",
+            "version": version,
+            "data_version": data.version,
+            "tokenizer": {
+                "type": "byte-level BPE (huggingface tokenizers)",
+                "config": cfg.model_dump(mode="json"),
+                "vocab_size": vocab,
+                "special": special_ids(tok),
+                "trained_on": "train split only",
+                "sha256": file_sha256(tmp / "tokenizer.json"),
+            },
+            "dtype": np.dtype(dtype).name,
+            "files": files,
+            "counts": counts,
+            "build_seconds": round(time.perf_counter() - start, 3),
+        }
+        atomic_write_json(tmp / MANIFEST, manifest)
+    path = workspace.version_dir("tokens", version)
+    return TokensResult(version, path, manifest, False, time.perf_counter() - start)
+
+
+class TokenStore:
+    """Read side of a token version: memory-mapped shards and the document index."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.manifest = read_json(self.path / MANIFEST)
+        self.tokenizer = load_tokenizer(self.path / "tokenizer.json")
+        self.special = self.manifest["tokenizer"]["special"]
+        self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
+        dtype = np.dtype(self.manifest["dtype"])
+        self._shards = {
+            f["path"]: np.memmap(self.path / f["path"], dtype=dtype, mode="r")
+            if f["tokens"]
+            else np.zeros(0, dtype=dtype)
+            for f in self.manifest["files"]
+        }
+        self.index = pq.read_table(self.path / "index.parquet")
+        self.domains = sorted(set(self.index.column("domain").to_pylist()))
+
+    def split_docs(self, split: str) -> dict[str, np.ndarray]:
+        """Columns of the index for one split, as arrays (order = data order)."""
+        table = self.index.filter(pc.equal(self.index.column("split"), split))
+        domain_id = {d: i for i, d in enumerate(self.domains)}
+        return {
+            "shard": np.asarray(table.column("shard").to_pylist(), dtype=object),
+            "offset": table.column("offset").to_numpy(),
+            "length": table.column("length").to_numpy(),
+            "domain": np.asarray([domain_id[d] for d in table.column("domain").to_pylist()]),
+        }
+
+    def tokens(self, shard: str, offset: int, length: int) -> np.ndarray:
+        return np.asarray(self._shards[shard][offset : offset + length], dtype=np.int64)

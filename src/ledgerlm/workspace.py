@@ -1,0 +1,134 @@
+"""Workspace folders, content-addressed versions and atomic writes.
+
+A version id is a hash of its inputs' hashes and its config, so a rerun with the
+same inputs finds the finished version and reuses it. A version is built in a
+hidden temporary folder and renamed into place only when complete: a reader
+never sees a half-written version, and a crash leaves nothing behind that looks
+finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+DEFAULT_WORKSPACE = Path("ledgerlm-work")
+MANIFEST = "manifest.json"
+SCHEMA_VERSION = 1
+
+
+def content_hash(*parts: Any, length: int = 16) -> str:
+    """Hash JSON-able parts into a short hex id; dict key order does not matter."""
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:length]
+
+
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+class Workspace:
+    """``data/<version>/``, ``tokens/<version>/``, ``runs/<run-id>/`` and ``ledger.db``."""
+
+    KINDS = ("data", "tokens")
+
+    def __init__(self, root: str | Path = DEFAULT_WORKSPACE) -> None:
+        self.root = Path(root)
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.root / "ledger.db"
+
+    def version_dir(self, kind: str, version: str) -> Path:
+        if kind not in self.KINDS:
+            raise ValueError(f"unknown version kind {kind!r}")
+        return self.root / kind / version
+
+    def has_version(self, kind: str, version: str) -> bool:
+        """A version exists only once its manifest has been renamed into place."""
+        return (self.version_dir(kind, version) / MANIFEST).is_file()
+
+    def manifest(self, kind: str, version: str) -> dict[str, Any]:
+        path = self.version_dir(kind, version) / MANIFEST
+        if not path.is_file():
+            raise FileNotFoundError(f"no {kind} version {version!r} in {self.root}")
+        return read_json(path)
+
+    def versions(self, kind: str) -> list[str]:
+        folder = self.root / kind
+        if not folder.is_dir():
+            return []
+        return sorted(p.name for p in folder.iterdir() if (p / MANIFEST).is_file())
+
+    def resolve_version(self, kind: str, ref: str) -> str:
+        """An exact version id or a unique prefix of one."""
+        found = [v for v in self.versions(kind) if v.startswith(ref)]
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            raise FileNotFoundError(f"no {kind} version matches {ref!r} in {self.root}")
+        raise FileNotFoundError(f"{ref!r} matches {len(found)} {kind} versions: {', '.join(found)}")
+
+    @contextmanager
+    def building(self, kind: str, version: str) -> Iterator[Path]:
+        """Yield a private folder to build ``version`` in; publish it atomically on success.
+
+        On any error the folder is removed, so nothing half-written is left. If another
+        process published the same version meanwhile, its copy wins (same content).
+        """
+        final = self.version_dir(kind, version)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".building-{version}-", dir=final.parent))
+        try:
+            yield tmp
+            if not (tmp / MANIFEST).is_file():
+                raise RuntimeError(f"{kind} version {version} was built without a manifest")
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if not self.has_version(kind, version):
+                    raise
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.root / "runs" / run_id

@@ -1,0 +1,159 @@
+"""End to end through the console script on the tiny recipe."""
+
+import json
+
+import pytest
+
+from .conftest import ROOT, TINY, ledgerlm
+
+
+def _show(ws, run="latest"):
+    return json.loads(ledgerlm("ledger", "show", run, "--json", "-w", str(ws)).stdout)
+
+
+def test_run_prints_the_summary_and_reaches_the_target(tiny_workspace):
+    out = (tiny_workspace / "run.stdout").read_text()
+    for heading in ("data funnel", "time per phase", "evaluations", "counters"):
+        assert heading in out
+    assert "target reached at step" in out
+    assert "unigram entropy" in out
+
+
+def test_ledger_show_json_reports_everything_from_the_database(tiny_workspace):
+    s = _show(tiny_workspace)
+    assert s["run"]["status"] == "reached"
+    kinds = {p["kind"] for p in s["phases"]}
+    assert kinds == {"prep", "tokenize", "train", "eval", "checkpoint"}
+    assert all(p["seconds"] is not None and p["seconds"] >= 0 for p in s["phases"])
+    c = s["counters"]
+    assert c["optimizer_updates"] >= 1
+    assert c["supervised_targets"] <= c["tokens"]
+    evals = s["evaluations"]
+    assert evals and all(len(e["snapshot"]) == 16 and "loss" in e["metrics"] for e in evals)
+    assert [e["step"] for e in evals] == sorted(e["step"] for e in evals)
+
+    ttt = s["time_to_target"]
+    assert ttt["reached"] and ttt["step"] == evals[-1]["step"]  # stop_at_target
+    confirming = ttt["evaluation"]
+    assert confirming["metrics"]["loss"] <= s["run"]["target_value"]
+    assert all(e["metrics"]["loss"] > s["run"]["target_value"] for e in evals[:-1])
+    expected = sum(p["seconds"] for p in s["phases"] if p["id"] <= confirming["phase_id"])
+    assert ttt["seconds"] == pytest.approx(expected)
+    assert ttt["seconds"] < s["total_seconds"]  # the checkpoint came after the target
+
+    contract = next(json.loads(e["message"]) for e in s["events"] if e["kind"] == "target_contract")
+    assert s["run"]["target_value"] < contract["val_unigram_entropy"]
+
+
+def test_rerun_reuses_data_and_token_versions(tiny_workspace):
+    first = _show(tiny_workspace)
+    ledgerlm("run", str(TINY), "-w", str(tiny_workspace))
+    second = _show(tiny_workspace)
+    assert second["run"]["id"] != first["run"]["id"]
+    assert second["run"]["data_version"] == first["run"]["data_version"]
+    assert second["run"]["tokens_version"] == first["run"]["tokens_version"]
+    reused = {
+        p["kind"]: p["detail"]["reused"]
+        for p in second["phases"]
+        if p["kind"] in ("prep", "tokenize")
+    }
+    assert reused == {"prep": True, "tokenize": True}
+    assert len(list((tiny_workspace / "data").iterdir())) == 1
+    assert len(list((tiny_workspace / "tokens").iterdir())) == 1
+    # same data, same seed: the same evaluations
+    assert [e["metrics"] for e in second["evaluations"]] == [
+        e["metrics"] for e in first["evaluations"]
+    ]
+    listed = ledgerlm("ledger", "list", "-w", str(tiny_workspace), "--json").stdout
+    assert {r["id"] for r in json.loads(listed)} >= {first["run"]["id"], second["run"]["id"]}
+
+
+def test_a_target_that_is_never_met_is_not_reached(tmp_path):
+    proc = ledgerlm(
+        "run",
+        str(TINY),
+        "-w",
+        str(tmp_path),
+        "--set",
+        "eval.target_loss=0.5",
+        "--set",
+        "train.max_steps=20",
+    )
+    assert "target NOT reached" in proc.stdout
+    s = _show(tmp_path)
+    assert s["run"]["status"] == "not reached"
+    assert s["time_to_target"] == {**s["time_to_target"], "reached": False, "seconds": None}
+
+
+@pytest.mark.parametrize(
+    ("recipe_text", "override", "message"),
+    [
+        ("[train]\nlearning_rate = 0.1\n", None, "unknown key 'train.learning_rate'"),
+        ('[model]\nd_model = "wide"\n', None, "model.d_model"),
+        ("", "pack.seq_len=two", "pack.seq_len"),
+    ],
+)
+def test_bad_recipe_is_one_clear_line_and_writes_nothing(tmp_path, recipe_text, override, message):
+    recipe = tmp_path / "bad.toml"
+    recipe.write_text(recipe_text)
+    ws = tmp_path / "ws"
+    args = ["run", str(recipe), "-w", str(ws)] + (["--set", override] if override else [])
+    proc = ledgerlm(*args, check=False)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and str(recipe) in lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not ws.exists()
+
+
+def test_missing_recipe_file(tmp_path):
+    proc = ledgerlm("run", str(tmp_path / "nope.toml"), "-w", str(tmp_path / "ws"), check=False)
+    assert proc.returncode == 2
+    assert "nope.toml: recipe file not found" in proc.stderr
+    assert not (tmp_path / "ws").exists()
+
+
+def test_config_show_prints_the_resolved_recipe():
+    out = ledgerlm("config", "show", str(TINY), "--set", "train.lr=0.01", "--json").stdout
+    resolved = json.loads(out)
+    assert resolved["train"]["lr"] == 0.01
+    assert resolved["model"]["rope_theta"] == 10000.0  # defaults are filled in
+
+
+def test_data_prepare_and_inspect(tmp_path):
+    out = ledgerlm("data", "prepare", str(TINY), "-w", str(tmp_path)).stdout
+    assert "data version" in out
+    version = out.split("data version ")[1].split()[0]
+    manifest = json.loads(
+        ledgerlm("data", "inspect", version[:6], "-w", str(tmp_path), "--json").stdout
+    )
+    c = manifest["counts"]
+    dropped = sum(d["documents"] for d in c["dropped"])
+    assert c["records_in"] == c["kept"] + dropped + c["quarantined"]
+    assert "records in" in ledgerlm("data", "inspect", version, "-w", str(tmp_path)).stdout
+
+
+def test_every_command_has_help():
+    for args in (
+        [],
+        ["run"],
+        ["demo"],
+        ["config"],
+        ["config", "show"],
+        ["data"],
+        ["data", "prepare"],
+        ["data", "inspect"],
+        ["ledger"],
+        ["ledger", "list"],
+        ["ledger", "show"],
+    ):
+        proc = ledgerlm(*args, "--help")
+        assert "Usage" in proc.stdout, args
+
+
+def test_run_stores_the_resolved_recipe(tiny_workspace):
+    s = _show(tiny_workspace)
+    stored = (tiny_workspace / "runs" / s["run"]["id"] / "recipe.toml").read_text()
+    assert 'name = "tiny"' in stored and "rope_theta" in stored
+    assert s["run"]["recipe"]["model"]["d_model"] == 64
+    assert (ROOT / "configs" / "demo.toml").is_file()

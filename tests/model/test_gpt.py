@@ -1,0 +1,83 @@
+import numpy as np
+import pytest
+import torch
+
+from ledgerlm.config import ModelConfig
+from ledgerlm.model.attention import attention_mask
+from ledgerlm.model.gpt import GPT
+from ledgerlm.tokens.packing import make_batch, pack_documents
+
+CFG = ModelConfig(d_model=32, n_layers=2, n_heads=4)
+V = 50
+
+
+def _model(seed=0, **kw):
+    torch.manual_seed(seed)
+    return GPT(CFG.model_copy(update=kw), V).eval()
+
+
+def test_block_causal_mask():
+    m = attention_mask(torch.tensor([[0, 0, 1, 1, 1]]), "isolated")[0, 0].int()
+    assert m.tolist() == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [0, 0, 1, 0, 0],
+        [0, 0, 1, 1, 0],
+        [0, 0, 1, 1, 1],
+    ]
+    assert attention_mask(torch.tensor([[0, 0, 1]]), "cross")[0, 0].int().tolist() == [
+        [1, 0, 0],
+        [1, 1, 0],
+        [1, 1, 1],
+    ]
+    with pytest.raises(ValueError, match="unknown attention mode"):
+        attention_mask(torch.tensor([[0]]), "sideways")
+
+
+def test_isolated_packed_row_equals_each_document_alone():
+    model = _model()
+    docs = [np.array([5, 6, 7, 8, 9]), np.array([10, 11, 12]), np.array([13, 14, 15, 16])]
+    row = next(pack_documents([(d, 0) for d in docs], 16, 1, 2, 0))
+    packed = make_batch(row[0][None], row[1][None], row[3][None])
+    with torch.no_grad():
+        out = model(packed.input_ids, packed.position_ids, packed.attention_mask("isolated"))
+        start = 0
+        for d in docs:
+            alone = torch.tensor([[1, *d.tolist(), 2]])
+            n = min(alone.shape[1], 15 - start)
+            ref = model(
+                alone,
+                torch.arange(alone.shape[1])[None],
+                attention_mask(torch.zeros_like(alone), "isolated"),
+            )
+            torch.testing.assert_close(out[0, start : start + n], ref[0, :n], atol=1e-5, rtol=1e-5)
+            start += alone.shape[1]
+
+
+def test_cross_attention_reads_across_documents():
+    model = _model()
+    docs = [np.array([5, 6, 7]), np.array([10, 11, 12])]
+    row = next(pack_documents([(d, 0) for d in docs], 10, 1, 2, 0))
+    b = make_batch(row[0][None], row[1][None], row[3][None], reset_positions=False)
+    with torch.no_grad():
+        iso = model(b.input_ids, b.position_ids, b.attention_mask("isolated"))
+        cross = model(b.input_ids, b.position_ids, b.attention_mask("cross"))
+    torch.testing.assert_close(iso[0, :5], cross[0, :5])  # first document: same context
+    assert not torch.allclose(iso[0, 5:], cross[0, 5:])  # second: cross sees the first
+
+
+def test_future_tokens_do_not_change_past_logits():
+    model = _model()
+    a = torch.randint(3, V, (1, 12))
+    b = a.clone()
+    b[0, 8:] = torch.randint(3, V, (4,))
+    pos = torch.arange(12)[None]
+    mask = attention_mask(torch.zeros_like(a), "isolated")
+    with torch.no_grad():
+        torch.testing.assert_close(model(a, pos, mask)[0, :8], model(b, pos, mask)[0, :8])
+
+
+def test_tied_embeddings_share_storage_and_count_once():
+    tied, untied = _model(tie_embeddings=True), _model(tie_embeddings=False)
+    assert tied.lm_head.weight is tied.embed.weight
+    assert untied.num_params() - tied.num_params() == V * CFG.d_model

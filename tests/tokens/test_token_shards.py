@@ -1,0 +1,66 @@
+import numpy as np
+
+from ledgerlm.config import BuiltinCorpusConfig, DataConfig, EvalConfig, PackConfig, TokenizerConfig
+from ledgerlm.data.pipeline import iter_split, prepare_data
+from ledgerlm.tokens.loader import train_batches, validation_batches
+from ledgerlm.tokens.shards import TokenStore, build_tokens
+from ledgerlm.workspace import Workspace
+
+DATA = DataConfig(
+    builtin=BuiltinCorpusConfig(code_docs=12, docs_docs=6, math_docs=20, max_doc_chars=2000),
+    val_fraction=0.25,
+)
+TOK = TokenizerConfig(vocab_size=400)
+
+
+def _build(tmp_path):
+    ws = Workspace(tmp_path)
+    data = prepare_data(DATA, ws)
+    return ws, data, build_tokens(data, TOK, ws)
+
+
+def test_shards_decode_back_to_the_documents(tmp_path):
+    _, data, tokens = _build(tmp_path)
+    store = TokenStore(tokens.path)
+    index = store.index.to_pylist()
+    texts = {}
+    for split in ("train", "val"):
+        for table in iter_split(data.path, data.manifest, split):
+            texts.update(zip(table.column("id").to_pylist(), table.column("text").to_pylist()))
+    assert len(index) == len(texts) == data.manifest["counts"]["kept"]
+    for row in index:
+        ids = store.tokens(row["shard"], row["offset"], row["length"])
+        assert store.tokenizer.decode(ids.tolist()) == texts[row["doc_id"]]
+    total = {f["split"]: f["tokens"] for f in tokens.manifest["files"]}
+    for split in ("train", "val"):
+        assert total[split] == sum(r["length"] for r in index if r["split"] == split)
+    assert sum(c["tokens"] for c in tokens.manifest["counts"]) == sum(total.values())
+
+
+def test_tokenizer_and_shards_are_deterministic_and_reused(tmp_path):
+    _, _, a = _build(tmp_path / "a")
+    _, _, b = _build(tmp_path / "b")
+    assert a.version == b.version
+    assert a.manifest["tokenizer"]["sha256"] == b.manifest["tokenizer"]["sha256"]
+    assert [f["sha256"] for f in a.manifest["files"]] == [f["sha256"] for f in b.manifest["files"]]
+    ws, data, _ = _build(tmp_path / "a")
+    assert build_tokens(data, TOK, ws).reused
+
+
+def test_train_stream_is_seeded_and_validation_is_fixed(tmp_path):
+    _, _, tokens = _build(tmp_path)
+    store = TokenStore(tokens.path)
+    pack = PackConfig(seq_len=32)
+
+    def first(seed, n=5):
+        it = train_batches(store, pack, 4, seed)
+        return [next(it).input_ids for _ in range(n)]
+
+    assert all(np.array_equal(x, y) for x, y in zip(first(0), first(0), strict=True))
+    assert not all(np.array_equal(x, y) for x, y in zip(first(0), first(1), strict=True))
+    cfg = EvalConfig(max_tokens=600)
+    v1, v2 = validation_batches(store, pack, cfg, 4), validation_batches(store, pack, cfg, 4)
+    assert all(np.array_equal(a.input_ids, b.input_ids) for a, b in zip(v1, v2, strict=True))
+    domains = {int(d) for b in v1 for d in b.target_domains[b.loss_mask].unique()}
+    assert domains == set(range(len(store.domains)))  # every domain is measured
+    assert sum(int(b.valid.sum()) for b in v1) <= cfg.max_tokens + pack.seq_len

@@ -24,7 +24,8 @@ demo: $(VENV)/.installed
 	$(BIN)/ledgerlm demo
 
 lint: $(VENV)/.dev-installed
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
 
 test: lint
 	$(BIN)/python -m pytest

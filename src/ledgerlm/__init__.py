@@ -8,7 +8,7 @@ from ledgerlm.data.pipeline import DataResult, prepare_data
 from ledgerlm.ledger import Ledger, TimeToTarget, time_to_target
 from ledgerlm.model.gpt import GPT
 from ledgerlm.runner import RunResult, run_recipe
-from ledgerlm.tokens.shards import TokenStore, TokensResult, build_tokens
+from ledgerlm.tokens.shards import TokensResult, TokenStore, build_tokens
 from ledgerlm.workspace import Workspace
 
 __version__ = "0.1.0"

@@ -26,7 +26,9 @@ def test_shards_decode_back_to_the_documents(tmp_path):
     texts = {}
     for split in ("train", "val"):
         for table in iter_split(data.path, data.manifest, split):
-            texts.update(zip(table.column("id").to_pylist(), table.column("text").to_pylist()))
+            texts.update(
+                zip(table.column("id").to_pylist(), table.column("text").to_pylist(), strict=True)
+            )
     assert len(index) == len(texts) == data.manifest["counts"]["kept"]
     for row in index:
         ids = store.tokens(row["shard"], row["offset"], row["length"])

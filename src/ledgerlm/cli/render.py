@@ -78,7 +78,7 @@ def phase_table(summary: dict[str, Any]) -> Table:
     totals = summary["phase_totals"]
     kinds = [k for k in PHASE_ORDER if k in totals] + [k for k in totals if k not in PHASE_ORDER]
     for kind in kinds:
-        to_target = ttt.by_phase.get(kind, 0.0) if ttt.reached else None
+        to_target = ttt.by_phase.get(kind)  # absent: the phase came after the target
         t.add_row(kind, fmt_seconds(totals[kind]), fmt_seconds(to_target))
     t.add_row("[bold]all[/]", fmt_seconds(summary["total_seconds"]), fmt_seconds(ttt.seconds))
     return t

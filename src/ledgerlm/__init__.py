@@ -4,25 +4,24 @@ The public API, re-exported from the modules that own each concern.
 """
 
 from ledgerlm.config import Recipe, RecipeError, load_recipe
-from ledgerlm.data.pipeline import DataResult, prepare_data
+from ledgerlm.data.pipeline import prepare_data
 from ledgerlm.ledger import Ledger, TimeToTarget, time_to_target
 from ledgerlm.model.gpt import GPT
 from ledgerlm.runner import RunResult, run_recipe
-from ledgerlm.tokens.shards import TokensResult, TokenStore, build_tokens
-from ledgerlm.workspace import Workspace
+from ledgerlm.tokens.shards import TokenStore, build_tokens
+from ledgerlm.workspace import BuiltVersion, Workspace
 
 __version__ = "0.1.0"
 
 __all__ = [
     "GPT",
-    "DataResult",
+    "BuiltVersion",
     "Ledger",
     "Recipe",
     "RecipeError",
     "RunResult",
     "TimeToTarget",
     "TokenStore",
-    "TokensResult",
     "Workspace",
     "build_tokens",
     "load_recipe",

@@ -15,25 +15,25 @@ from typing import Any
 import torch
 
 from ledgerlm.config import Recipe, recipe_to_toml
-from ledgerlm.data.pipeline import DataResult, prepare_data
+from ledgerlm.data.pipeline import prepare_data
 from ledgerlm.ledger.clock import PhaseClock
 from ledgerlm.ledger.store import Ledger
 from ledgerlm.model.gpt import GPT
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.tokens.loader import train_batches, validation_batches
-from ledgerlm.tokens.shards import TokensResult, TokenStore, build_tokens
+from ledgerlm.tokens.shards import TokenStore, build_tokens
 from ledgerlm.train.checkpoint import save_checkpoint
 from ledgerlm.train.evaluate import EvalCallback, unigram_entropy
 from ledgerlm.train.loop import Trainer
 from ledgerlm.train.optim import build_optimizer
-from ledgerlm.workspace import Workspace, atomic_write_text
+from ledgerlm.workspace import BuiltVersion, Workspace, atomic_write_text
 
 
 @dataclass
 class RunResult:
     run_id: str
-    data: DataResult
-    tokens: TokensResult
+    data: BuiltVersion
+    tokens: BuiltVersion
     summary: dict[str, Any]  # read back from the ledger
     unigram_entropy: float
     params: int

@@ -14,8 +14,10 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,18 @@ def read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+@dataclass(frozen=True)
+class BuiltVersion:
+    """A finished data or tokens version, and whether this call built or reused it."""
+
+    kind: str
+    version: str
+    path: Path
+    manifest: dict[str, Any]
+    reused: bool
+    seconds: float  # spent by this call (finding a reused version costs little)
+
+
 class Workspace:
     """``data/<version>/``, ``tokens/<version>/``, ``runs/<run-id>/`` and ``ledger.db``."""
 
@@ -85,6 +99,24 @@ class Workspace:
     def has_version(self, kind: str, version: str) -> bool:
         """A version exists only once its manifest has been renamed into place."""
         return (self.version_dir(kind, version) / MANIFEST).is_file()
+
+    def published(self, kind: str, version: str, started: float) -> BuiltVersion:
+        """The finished ``version``; ``started`` is the caller's ``time.perf_counter()``."""
+        return BuiltVersion(
+            kind,
+            version,
+            self.version_dir(kind, version),
+            self.manifest(kind, version),
+            reused=False,
+            seconds=time.perf_counter() - started,
+        )
+
+    def reuse(self, kind: str, version: str, started: float) -> BuiltVersion | None:
+        """The finished version if it already exists, marked as reused; else None."""
+        if not self.has_version(kind, version):
+            return None
+        found = self.published(kind, version, started)
+        return BuiltVersion(**{**found.__dict__, "reused": True})
 
     def manifest(self, kind: str, version: str) -> dict[str, Any]:
         path = self.version_dir(kind, version) / MANIFEST

@@ -10,7 +10,6 @@ import hashlib
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.workspace import (
     MANIFEST,
     SCHEMA_VERSION,
+    BuiltVersion,
     Workspace,
     atomic_write_json,
     content_hash,
@@ -37,15 +37,6 @@ BUILTIN = "builtin:stdlib"
 
 class DataError(ValueError):
     """Bad data-stage input; the message names the source and the reason."""
-
-
-@dataclass(frozen=True)
-class DataResult:
-    version: str
-    path: Path
-    manifest: dict[str, Any]
-    reused: bool
-    seconds: float
 
 
 def split_of(doc_id: str, val_fraction: float, seed: int) -> str:
@@ -105,19 +96,13 @@ class _ShardWriter:
 
 def prepare_data(
     cfg: DataConfig, workspace: Workspace, progress: Progress | None = None
-) -> DataResult:
+) -> BuiltVersion:
     """Build (or reuse) the data version for ``cfg``; nothing half-written is ever visible."""
     progress = progress or NullProgress()
     start = time.perf_counter()
     version, inputs = data_version(cfg)
-    if workspace.has_version("data", version):
-        return DataResult(
-            version,
-            workspace.version_dir("data", version),
-            workspace.manifest("data", version),
-            reused=True,
-            seconds=time.perf_counter() - start,
-        )
+    if reused := workspace.reuse("data", version, start):
+        return reused
 
     dedup = ExactDedup()
     records_in = 0
@@ -188,20 +173,14 @@ def prepare_data(
             "build_seconds": round(time.perf_counter() - start, 3),
         }
         if records_in != kept + sum(dropped.values()):
-            raise AssertionError("data stage lost records")  # conservation guard
+            raise RuntimeError("data stage lost records")  # conservation guard
         if not writers["train"].files or not writers["val"].files:
             raise DataError(
                 f"data: {kept} documents kept, too few to fill both splits "
                 f"(val_fraction={cfg.val_fraction})"
             )
         atomic_write_json(tmp / MANIFEST, manifest)
-    return DataResult(
-        version,
-        workspace.version_dir("data", version),
-        manifest,
-        reused=False,
-        seconds=time.perf_counter() - start,
-    )
+    return workspace.published("data", version, start)
 
 
 def iter_split(data_dir: Path, manifest: dict[str, Any], split: str) -> Iterator[pa.Table]:

@@ -9,7 +9,6 @@ boundaries, so one token version serves any packing recipe.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +18,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ledgerlm.config import TokenizerConfig
-from ledgerlm.data.pipeline import SPLITS, DataResult, iter_split
+from ledgerlm.data.pipeline import SPLITS, iter_split
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.tokens.tokenizer import load_tokenizer, special_ids, train_tokenizer
 from ledgerlm.workspace import (
     MANIFEST,
     SCHEMA_VERSION,
+    BuiltVersion,
     Workspace,
     atomic_write_json,
     content_hash,
@@ -44,34 +44,22 @@ INDEX_SCHEMA = pa.schema(
 )
 
 
-@dataclass(frozen=True)
-class TokensResult:
-    version: str
-    path: Path
-    manifest: dict[str, Any]
-    reused: bool
-    seconds: float
-
-
 def tokens_version(data_version: str, cfg: TokenizerConfig) -> str:
     return content_hash("tokens", SCHEMA_VERSION, data_version, cfg.model_dump(mode="json"))
 
 
 def build_tokens(
-    data: DataResult,
+    data: BuiltVersion,
     cfg: TokenizerConfig,
     workspace: Workspace,
     progress: Progress | None = None,
-) -> TokensResult:
+) -> BuiltVersion:
     """Train the tokenizer on the train split only, then encode both splits shard by shard."""
     progress = progress or NullProgress()
     start = time.perf_counter()
     version = tokens_version(data.version, cfg)
-    if workspace.has_version("tokens", version):
-        path = workspace.version_dir("tokens", version)
-        return TokensResult(
-            version, path, read_json(path / MANIFEST), True, time.perf_counter() - start
-        )
+    if reused := workspace.reuse("tokens", version, start):
+        return reused
 
     def train_texts():
         for table in iter_split(data.path, data.manifest, "train"):
@@ -152,8 +140,7 @@ def build_tokens(
             "build_seconds": round(time.perf_counter() - start, 3),
         }
         atomic_write_json(tmp / MANIFEST, manifest)
-    path = workspace.version_dir("tokens", version)
-    return TokensResult(version, path, manifest, False, time.perf_counter() - start)
+    return workspace.published("tokens", version, start)
 
 
 class TokenStore:

@@ -48,7 +48,7 @@ class _ProgressCallback:
 
     def on_step_end(self, trainer: Trainer) -> None:
         s = trainer.state
-        self.task.advance(1, info=f"loss {s.loss:.3f}  lr {s.lr:.2e}  tokens {s.tokens:,}")
+        self.task.advance(1, info=f"loss {s.loss:.3f} lr {s.lr:.1e}")
 
     def on_train_end(self, trainer: Trainer) -> None:
         pass

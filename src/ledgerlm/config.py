@@ -37,14 +37,112 @@ class BuiltinCorpusConfig(_Section):
     seed: int = Field(0, description="Seed of the synthetic math generator.")
 
 
-class DataConfig(_Section):
-    """Data stage: read, exact dedup on normalized text, split train/val by document."""
+class InputConfig(_Section):
+    """One input: a file, a glob, a folder of text files, or ``builtin:stdlib``."""
 
-    sources: list[str] = Field(default_factory=lambda: ["builtin:stdlib"])
+    path: str
+    format: Literal["auto", "jsonl", "parquet", "text", "builtin"] = "auto"
+    source: str | None = Field(None, description="Source name; default: from the path.")
+    domain: str | None = Field(None, description="Domain for records that carry none.")
+
+
+class TemplatesConfig(_Section):
+    """D2: lines repeated across many documents of one source (banners, headers, footers)."""
+
+    enabled: bool = True
+    min_docs: int = Field(5, ge=2, description="A line in at least this many documents...")
+    min_doc_fraction: float = Field(
+        0.05, ge=0, le=1, description="...and in at least this share of the source's documents."
+    )
+    min_line_chars: int = Field(20, ge=1, description="Shorter lines are never templates.")
+    exclude_domains: list[str] = Field(
+        default_factory=lambda: ["code", "math"],
+        description="Domains where repeated lines are content, not boilerplate.",
+    )
+
+
+class FiltersConfig(_Section):
+    """D3: document filters; each drop carries a reason."""
+
+    min_chars: int = Field(20, ge=0)
+    max_chars: int = Field(2_000_000, ge=1)
+    max_duplicate_line_fraction: float = Field(
+        0.5, ge=0, le=1, description="Share of characters in lines repeated within the document."
+    )
+    max_top_ngram_fraction: float = Field(
+        0.4, ge=0, le=1, description="Share of characters covered by the most frequent word 3-gram."
+    )
+    max_symbol_ratio: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="Share of characters that are neither letters, digits nor space.",
+    )
+    exclude_symbol_domains: list[str] = Field(default_factory=lambda: ["code", "math"])
+    scripts: list[str] = Field(
+        default_factory=list,
+        description="Allowed dominant scripts (e.g. ['latin']); empty allows any.",
+    )
+
+
+class NearDedupConfig(_Section):
+    """D4: MinHash over word shingles with LSH banding, clustered out of core."""
+
+    enabled: bool = True
+    preset: Literal["fineweb", "precise", "custom"] = "fineweb"
+    shingle_words: int | None = Field(None, ge=1, description="Overrides the preset.")
+    bands: int | None = Field(None, ge=1, description="With rows: overrides the preset.")
+    rows: int | None = Field(None, ge=1)
+    threshold: float = Field(0.8, gt=0, lt=1, description="Jaccard threshold of a duplicate.")
+    fp_weight: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="Weight of false positives when "
+        "deriving bands x rows from the threshold (custom preset).",
+    )
+    num_perm: int = Field(112, ge=2, description="Permutations for the custom preset.")
+    verify: bool = Field(False, description="Check candidate pairs with exact Jaccard.")
+    keeper: Literal["first", "longest", "newest"] = Field(
+        "first", description="Which document of a cluster is kept; ties go to the smallest id."
+    )
+    partitions: int = Field(16, ge=1, description="Hash partitions of the edge files.")
+    seed: int = 1
+
+
+class ContaminationConfig(_Section):
+    """D7: evaluation files checked against training documents."""
+
+    eval_files: list[str] = Field(default_factory=list)
+    ngram: int = Field(13, ge=1, description="Word n-gram length of an overlap.")
+    drop: bool = Field(False, description="Drop training documents that overlap an eval file.")
+
+
+class DataConfig(_Section):
+    """The data stage: read, clean, deduplicate and split into a versioned dataset."""
+
+    sources: list[str | InputConfig] = Field(default_factory=lambda: ["builtin:stdlib"])
     builtin: BuiltinCorpusConfig = Field(default_factory=BuiltinCorpusConfig)
-    val_fraction: float = Field(0.05, gt=0.0, lt=1.0, description="Share of documents held out.")
-    split_seed: int = Field(0, description="Salt of the per-document split hash.")
+    templates: TemplatesConfig = Field(default_factory=TemplatesConfig)
+    filters: FiltersConfig = Field(default_factory=FiltersConfig)
+    exact_dedup: bool = True
+    near_dedup: NearDedupConfig = Field(default_factory=NearDedupConfig)
+    contamination: ContaminationConfig = Field(default_factory=ContaminationConfig)
+    weights: Literal["rebalance", "preserve"] = Field(
+        "rebalance",
+        description="rebalance: each kept document weighs 1; preserve: its cluster size.",
+    )
+    split: Literal["cluster", "source", "document"] = Field(
+        "cluster", description="Unit of the train/val split; a cluster is never cut."
+    )
+    val_fraction: float = Field(0.05, gt=0.0, lt=1.0, description="Share of units held out.")
+    split_seed: int = Field(0, description="Salt of the split hash.")
     shard_docs: int = Field(2_000, ge=1, description="Documents per Parquet shard.")
+    executor: Literal["local", "ray"] = "local"
+    workers: int = Field(0, ge=0, description="Parallel shard workers; 0 = all cores.")
+
+    def inputs(self) -> list[InputConfig]:
+        return [InputConfig(path=s) if isinstance(s, str) else s for s in self.sources]
 
 
 class TokenizerConfig(_Section):
@@ -203,12 +301,16 @@ def recipe_to_toml(recipe: Recipe) -> str:
             return json.dumps(v)
         if isinstance(v, list | tuple):
             return "[" + ", ".join(scalar(x) for x in v) + "]"
+        if isinstance(v, dict):  # an inline table; TOML has no null, so None is left out
+            return (
+                "{" + ", ".join(f"{k} = {scalar(x)}" for k, x in v.items() if x is not None) + "}"
+            )
         return repr(v)
 
     lines: list[str] = []
 
     def section(prefix: str, node: dict[str, Any]) -> None:
-        flat = {k: v for k, v in node.items() if not isinstance(v, dict)}
+        flat = {k: v for k, v in node.items() if not isinstance(v, dict) and v is not None}
         nested = {k: v for k, v in node.items() if isinstance(v, dict)}
         if prefix:
             lines.append(f"\n[{prefix}]")

@@ -72,14 +72,14 @@ def run_recipe(recipe: Recipe, workspace: Workspace, progress: Progress | None =
             ph.detail.update(
                 version=data.version,
                 reused=data.reused,
-                built_seconds=data.manifest["build_seconds"],
+                built_seconds=data.build_seconds,
             )
         with ledger.phase(run_id, "tokenize") as ph:
             tokens = build_tokens(data, recipe.tokenizer, workspace, progress)
             ph.detail.update(
                 version=tokens.version,
                 reused=tokens.reused,
-                built_seconds=tokens.manifest["build_seconds"],
+                built_seconds=tokens.build_seconds,
             )
         ledger.set_versions(run_id, data_version=data.version, tokens_version=tokens.version)
 

@@ -9,6 +9,7 @@ finished.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -23,6 +24,9 @@ from typing import Any
 
 DEFAULT_WORKSPACE = Path("ledgerlm-work")
 MANIFEST = "manifest.json"
+# Wall time of a build lives beside the manifest, not in it: the manifest describes
+# content and must be identical whoever built it and however fast.
+BUILD_INFO = "build.json"
 SCHEMA_VERSION = 1
 
 
@@ -77,6 +81,7 @@ class BuiltVersion:
     manifest: dict[str, Any]
     reused: bool
     seconds: float  # spent by this call (finding a reused version costs little)
+    build_seconds: float | None = None  # what building it originally cost
 
 
 class Workspace:
@@ -102,13 +107,16 @@ class Workspace:
 
     def published(self, kind: str, version: str, started: float) -> BuiltVersion:
         """The finished ``version``; ``started`` is the caller's ``time.perf_counter()``."""
+        folder = self.version_dir(kind, version)
+        info = folder / BUILD_INFO
         return BuiltVersion(
             kind,
             version,
-            self.version_dir(kind, version),
+            folder,
             self.manifest(kind, version),
             reused=False,
             seconds=time.perf_counter() - started,
+            build_seconds=read_json(info)["build_seconds"] if info.is_file() else None,
         )
 
     def reuse(self, kind: str, version: str, started: float) -> BuiltVersion | None:
@@ -140,27 +148,52 @@ class Workspace:
         raise FileNotFoundError(f"{ref!r} matches {len(found)} {kind} versions: {', '.join(found)}")
 
     @contextmanager
-    def building(self, kind: str, version: str) -> Iterator[Path]:
+    def building(self, kind: str, version: str, resumable: bool = False) -> Iterator[Path]:
         """Yield a private folder to build ``version`` in; publish it atomically on success.
 
-        On any error the folder is removed, so nothing half-written is left. If another
-        process published the same version meanwhile, its copy wins (same content).
+        By default the folder is removed on any error, so nothing half-written is left.
+        With ``resumable`` the folder has a fixed hidden name and survives a failure or a
+        kill, so a rerun can skip the shards it already finished; an exclusive lock keeps
+        two builders of the same version apart. A half-built folder is never a version:
+        only the final rename (after the manifest is written) publishes it.
         """
         final = self.version_dir(kind, version)
         final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".building-{version}-", dir=final.parent))
-        try:
-            yield tmp
-            if not (tmp / MANIFEST).is_file():
-                raise RuntimeError(f"{kind} version {version} was built without a manifest")
+        if not resumable:
+            tmp = Path(tempfile.mkdtemp(prefix=f".building-{version}-", dir=final.parent))
             try:
-                os.rename(tmp, final)
-            except OSError:
-                if not self.has_version(kind, version):
-                    raise
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+                yield tmp
+                self._publish(kind, version, tmp, final)
+            finally:
+                if tmp.exists():
+                    shutil.rmtree(tmp, ignore_errors=True)
+            return
+        tmp = final.parent / f".building-{version}"
+        with open(final.parent / f".building-{version}.lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RuntimeError(
+                    f"{kind} version {version} is being built by another process"
+                ) from None
+            if self.has_version(kind, version):  # published while we waited
+                raise RuntimeError(f"{kind} version {version} already exists")
+            tmp.mkdir(exist_ok=True)
+            yield tmp
+            self._publish(kind, version, tmp, final)
+        (final.parent / f".building-{version}.lock").unlink(missing_ok=True)
+
+    def _publish(self, kind: str, version: str, tmp: Path, final: Path) -> None:
+        if not (tmp / BUILD_INFO).is_file():
+            atomic_write_json(tmp / BUILD_INFO, {"build_seconds": None})
+        if not (tmp / MANIFEST).is_file():
+            raise RuntimeError(f"{kind} version {version} was built without a manifest")
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not self.has_version(kind, version):
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def run_dir(self, run_id: str) -> Path:
         return self.root / "runs" / run_id

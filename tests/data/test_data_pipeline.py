@@ -1,27 +1,239 @@
+"""The data stage end to end on a corpus with planted bad records, templates and duplicates."""
+
+import gzip
+import json
+import random
+
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from ledgerlm.config import BuiltinCorpusConfig, DataConfig
-from ledgerlm.data.dedup import ExactDedup, normalize_text
+from ledgerlm.config import DataConfig, InputConfig
+from ledgerlm.data import passes
 from ledgerlm.data.pipeline import DataError, prepare_data, split_of
 from ledgerlm.workspace import Workspace, file_sha256
 
-SMALL = DataConfig(
-    builtin=BuiltinCorpusConfig(code_docs=15, docs_docs=8, math_docs=30, max_doc_chars=3000),
-    val_fraction=0.2,
-    shard_docs=10,
-)
+BANNER = "Copyright 2024 Example Corp. All rights reserved worldwide."
+FOOTER = "Follow us on social media for more updates every single day."
+VOCAB = [f"w{i}{c}" for i in range(400) for c in "ab"]
 
 
-def test_normalization_and_exact_dedup_keep_the_first_seen():
-    assert normalize_text("  Hello\tWORLD\n") == normalize_text("hello world")
-    d = ExactDedup()
-    assert d.check("a", "x = 1\n") is None
-    assert d.check("b", "X  =  1") == "a"
-    assert d.check("c", "x = 2") is None
+def _body(rng: random.Random, n: int = 200) -> str:
+    words = [rng.choice(VOCAB) for _ in range(n)]
+    return "\n".join(" ".join(words[i : i + 20]) for i in range(0, n, 20))
 
 
-def test_split_depends_only_on_the_document_id():
+def _doc(i: int, body: str, **extra) -> dict:
+    return {"id": f"web-{i}", "text": f"{BANNER}\n{body}\n{FOOTER}", **extra}
+
+
+def make_corpus(folder, seed: int = 0) -> dict:
+    """Two JSONL shards (one gzipped); returns what a correct data stage must find."""
+    rng = random.Random(seed)
+    bodies = {i: _body(rng) for i in range(40)}
+    good = [_doc(i, bodies[i], date=f"20{10 + i % 10}-01-01") for i in range(40)]
+    # same text as web-1 up to case and spacing once the banner and footer are removed
+    exact = [_doc(100 + k, bodies[1].upper().replace(" ", "  ")) for k in range(3)]
+    words = bodies[5].split(" ")
+    near = []
+    for k in range(2):
+        edited = list(words)
+        edited[10 + 50 * k] = "zzz"
+        near.append(_doc(200 + k, " ".join(edited)))
+    bait = [
+        {"id": "spam", "text": " ".join(["buy cheap pills now"] * 60)},
+        {"id": "short", "text": "hi"},
+    ]
+    first = [json.dumps(r) for r in good[:20] + exact]
+    first.insert(3, "{not json")  # line 4
+    first.insert(7, json.dumps({"id": "no-text"}))  # line 8
+    second = [json.dumps(r) for r in good[20:] + near + bait]
+    second.insert(0, json.dumps({"id": "num", "text": 42}))  # line 1
+    second.insert(5, json.dumps({"id": "empty", "text": "   "}))  # line 6
+    (folder / "a.jsonl").write_text("\n".join(first) + "\n")
+    raw = ("\n".join(second) + "\n").encode()
+    raw = raw.replace(b'"id": "web-25"', b'"id": "web-25\xff"', 1)  # invalid UTF-8
+    (folder / "b.jsonl.gz").write_bytes(gzip.compress(raw))
+    return {
+        "records_in": 40 + 3 + 2 + 2 + 4,  # web-25 (among the 40) is quarantined too
+        "quarantined": {
+            "a.jsonl": {4: "bad_json", 8: "missing_text"},
+            "b.jsonl.gz": {1: "text_not_string", 6: "empty_text", 8: "invalid_utf8"},
+        },
+        "kept": 39,  # 40 good, web-25 quarantined
+    }
+
+
+def _config(tmp_path, **kw) -> DataConfig:
+    base = {
+        "sources": [InputConfig(path=str(tmp_path / "*.jsonl*"), domain="web")],
+        "val_fraction": 0.2,
+        "workers": 1,
+        "near_dedup": {"verify": True},
+    }
+    return DataConfig.model_validate({**base, **kw})
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    (tmp_path / "in").mkdir()
+    return tmp_path / "in", make_corpus(tmp_path / "in")
+
+
+def _all_rows(result) -> list[dict]:
+    rows = []
+    for f in result.manifest["files"]:
+        rows += pq.read_table(result.path / f["path"]).to_pylist()
+    return rows
+
+
+def test_prepare_keeps_exactly_what_it_should(tmp_path, corpus):
+    folder, expected = corpus
+    result = prepare_data(_config(folder), Workspace(tmp_path / "ws"))
+    m = result.manifest
+    c = m["counts"]
+    assert c["records_in"] == expected["records_in"]
+    assert c["kept"] == expected["kept"]
+    dropped = {(d["step"], d["reason"]): d["documents"] for d in c["dropped"]}
+    assert dropped == {
+        ("length", "too_short"): 1,
+        ("repetition", "repeated_ngram"): 1,
+        ("exact_dedup", "duplicate"): 3,
+        ("near_dedup", "duplicate"): 2,
+    }
+    assert c["quarantined"] == 5
+    assert c["records_in"] == c["kept"] + sum(dropped.values()) + c["quarantined"]
+
+    quarantine = pq.read_table(result.path / "quarantine.parquet").to_pylist()
+    found = {(q["file"].rsplit("/", 1)[-1], q["line"]): q["reason"] for q in quarantine}
+    for file, lines in expected["quarantined"].items():
+        for line, reason in lines.items():
+            assert found[(file, line)] == reason
+
+    drops = {d["id"]: d for d in pq.read_table(result.path / "drops.parquet").to_pylist()}
+    for k in range(3):
+        assert drops[f"web-{100 + k}"]["kept"] == "web-1"  # pointer to the kept representative
+        assert drops[f"web-{100 + k}"]["cluster_id"] == "web-1"
+    for k in range(2):
+        assert drops[f"web-{200 + k}"]["kept"] == "web-5"
+
+    rows = _all_rows(result)
+    assert len(rows) == c["kept"]
+    assert all(BANNER not in r["text"] and FOOTER not in r["text"] for r in rows)
+    templates = next(s for s in m["steps"] if s["name"] == "templates")["stats"]
+    web = templates[str(folder / "*.jsonl*")]
+    assert web["lines_removed"] == 2 * (39 + 3 + 2)  # every document that carried them
+    sizes = {r["id"]: r["cluster_size"] for r in rows}
+    assert sizes["web-1"] == 4 and sizes["web-5"] == 3
+    assert {r["weight"] for r in rows} == {1.0}  # rebalance is the default
+    top = {t["cluster_id"]: t["size"] for t in m["clusters"]["top"]}
+    assert top == {"web-1": 4, "web-5": 3}
+    assert {(s["step"], s["reason"]) for s in m["sample_drops"]} == set(dropped)
+
+
+def test_preserve_weights_carry_cluster_size(tmp_path, corpus):
+    folder, _ = corpus
+    rows = _all_rows(prepare_data(_config(folder, weights="preserve"), Workspace(tmp_path / "w")))
+    weights = {r["id"]: r["weight"] for r in rows}
+    assert weights["web-1"] == 4.0 and weights["web-5"] == 3.0 and weights["web-2"] == 1.0
+
+
+def test_split_units_are_never_cut(tmp_path, corpus):
+    folder, _ = corpus
+    result = prepare_data(_config(folder), Workspace(tmp_path / "ws"))
+    for f in result.manifest["files"]:
+        for row in pq.read_table(result.path / f["path"]).to_pylist():
+            assert split_of(row["cluster_id"], 0.2, 0) == f["split"]
+    by_source = prepare_data(_config(folder, split="source"), Workspace(tmp_path / "ws"))
+    assert len({f["split"] for f in by_source.manifest["files"]}) == 1
+
+
+def test_same_inputs_reuse_the_version_and_outputs_are_deterministic(tmp_path, corpus):
+    folder, _ = corpus
+    a = prepare_data(_config(folder), Workspace(tmp_path / "a"))
+    b = prepare_data(_config(folder), Workspace(tmp_path / "b"))
+    assert a.version == b.version and not a.reused
+    assert (a.path / "manifest.json").read_bytes() == (b.path / "manifest.json").read_bytes()
+    again = prepare_data(_config(folder), Workspace(tmp_path / "a"))
+    assert again.reused and again.version == a.version
+    other = prepare_data(_config(folder, val_fraction=0.3), Workspace(tmp_path / "a"))
+    assert other.version != a.version
+
+
+def test_process_pool_gives_identical_output(tmp_path, corpus):
+    folder, _ = corpus
+    inline = prepare_data(_config(folder), Workspace(tmp_path / "a"))
+    pooled = prepare_data(_config(folder, workers=2), Workspace(tmp_path / "b"))
+    assert pooled.version == inline.version
+    for f in inline.manifest["files"] + [{"path": "drops.parquet"}, {"path": "manifest.json"}]:
+        assert file_sha256(inline.path / f["path"]) == file_sha256(pooled.path / f["path"])
+
+
+def test_interrupted_build_resumes_from_finished_shards(tmp_path, corpus, monkeypatch):
+    folder, _ = corpus
+    ws = Workspace(tmp_path / "ws")
+    real_write = passes._write
+
+    def crash_on_second_shard(index, *args):
+        if index == 1:
+            raise KeyboardInterrupt("killed")
+        return real_write(index, *args)
+
+    monkeypatch.setattr(passes, "_write", crash_on_second_shard)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_data(_config(folder), ws)
+    assert ws.versions("data") == []  # nothing half-written is visible
+    building = list((tmp_path / "ws" / "data").glob(".building-*/_work/*.done"))
+    assert {p.name for p in building} >= {"read-0.done", "read-1.done", "write-0.done"}
+
+    monkeypatch.setattr(passes, "_write", real_write)
+    monkeypatch.setattr(passes, "_read", lambda *a: pytest.fail("finished shard was redone"))
+    resumed = prepare_data(_config(folder), ws)
+    monkeypatch.undo()
+    fresh = prepare_data(_config(folder), Workspace(tmp_path / "fresh"))
+    assert (resumed.path / "manifest.json").read_bytes() == (
+        fresh.path / "manifest.json"
+    ).read_bytes()
+    assert not list((tmp_path / "ws" / "data").glob(".building-*"))
+
+
+def test_contamination_is_reported_and_optionally_dropped(tmp_path, corpus):
+    folder, _ = corpus
+    rng = random.Random(0)
+    bodies = [_body(rng) for _ in range(40)]
+    leaked = " ".join(bodies[7].split()[30:50])  # 20 words straight from web-7
+    evals = tmp_path / "evals"
+    evals.mkdir()
+    (evals / "bench.jsonl").write_text(
+        json.dumps({"id": "q1", "text": f"Question: {leaked}?"})
+        + "\n"
+        + json.dumps({"id": "q2", "text": "an unrelated question about nothing in training"})
+        + "\n"
+    )
+    cfg = _config(folder, contamination={"eval_files": [str(evals / "bench.jsonl")]})
+    report = next(
+        s
+        for s in prepare_data(cfg, Workspace(tmp_path / "a")).manifest["steps"]
+        if s["name"] == "contamination"
+    )
+    (f,) = report["files"]
+    assert (f["examples"], f["ngram_overlap"], f["contaminated_fraction"]) == (2, 1, 0.5)
+    assert report["train_documents_overlapping"] == 1
+
+    cfg = _config(folder, contamination={"eval_files": [str(evals / "bench.jsonl")], "drop": True})
+    dropped = prepare_data(cfg, Workspace(tmp_path / "b"))
+    drops = pq.read_table(dropped.path / "drops.parquet").to_pylist()
+    assert [d["id"] for d in drops if d["step"] == "contamination"] == ["web-7"]
+
+
+def test_missing_input_is_a_clear_error(tmp_path):
+    cfg = DataConfig(sources=[InputConfig(path=str(tmp_path / "nothing-*.jsonl"))])
+    with pytest.raises(DataError, match="matches no file"):
+        prepare_data(cfg, Workspace(tmp_path / "ws"))
+    assert not (tmp_path / "ws" / "data").exists()
+
+
+def test_split_depends_only_on_the_unit_key():
     ids = [f"doc-{i}" for i in range(2000)]
     splits = [split_of(i, 0.1, 0) for i in ids]
     assert 0.07 < splits.count("val") / len(ids) < 0.13
@@ -29,48 +241,32 @@ def test_split_depends_only_on_the_document_id():
     assert splits != [split_of(i, 0.1, 1) for i in ids]
 
 
-def test_prepare_conserves_records_and_writes_a_manifest(tmp_path):
-    ws = Workspace(tmp_path)
-    result = prepare_data(SMALL, ws)
-    m = result.manifest
-    c = m["counts"]
-    dropped = sum(d["documents"] for d in c["dropped"])
-    assert c["records_in"] == c["kept"] + dropped + c["quarantined"]
-    assert c["records_in"] == 15 + 8 + 30
-    rows = 0
-    for f in m["files"]:
-        path = result.path / f["path"]
-        assert file_sha256(path) == f["sha256"]
-        table = pq.read_table(path)
-        assert table.num_rows == f["rows"] <= SMALL.shard_docs
-        assert set(table.column("id").to_pylist()) and all(
-            split_of(i, 0.2, 0) == f["split"] for i in table.column("id").to_pylist()
-        )
-        rows += table.num_rows
-    assert rows == c["kept"]
-    assert sum(r["documents"] for r in c["by_split_domain"]) == c["kept"]
-    assert {r["domain"] for r in c["by_split_domain"]} == {"code", "docs", "math"}
+def test_builtin_corpus_through_the_full_stage(tmp_path):
+    cfg = DataConfig.model_validate(
+        {"builtin": {"code_docs": 30, "docs_docs": 10, "math_docs": 30}, "workers": 1}
+    )
+    result = prepare_data(cfg, Workspace(tmp_path))
+    c = result.manifest["counts"]
+    assert c["records_in"] == 70
+    assert (
+        c["records_in"] == c["kept"] + sum(d["documents"] for d in c["dropped"]) + c["quarantined"]
+    )
+    assert np.isclose(
+        result.manifest["budget"]["chars"]["exposure"],
+        result.manifest["budget"]["chars"]["raw"] / result.manifest["budget"]["chars"]["unique"],
+    )
 
 
-def test_same_inputs_reuse_the_version_and_other_config_does_not(tmp_path):
-    ws = Workspace(tmp_path)
-    first = prepare_data(SMALL, ws)
-    again = prepare_data(SMALL, ws)
-    assert again.reused and again.version == first.version
-    other = prepare_data(SMALL.model_copy(update={"val_fraction": 0.3}), ws)
-    assert not other.reused and other.version != first.version
-    assert sorted(ws.versions("data")) == sorted([first.version, other.version])
-
-
-def test_deterministic_content_across_workspaces(tmp_path):
-    a = prepare_data(SMALL, Workspace(tmp_path / "a"))
-    b = prepare_data(SMALL, Workspace(tmp_path / "b"))
-    assert a.version == b.version
-    assert [f["sha256"] for f in a.manifest["files"]] == [f["sha256"] for f in b.manifest["files"]]
-
-
-def test_unsupported_source_is_an_error_and_leaves_nothing(tmp_path):
-    cfg = SMALL.model_copy(update={"sources": ["s3://bucket/x"]})
-    with pytest.raises(DataError, match="unsupported"):
-        prepare_data(cfg, Workspace(tmp_path))
-    assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())
+def test_ray_executor_gives_byte_identical_output(tmp_path, corpus):
+    ray = pytest.importorskip("ray")
+    folder, _ = corpus
+    local = prepare_data(_config(folder), Workspace(tmp_path / "local"))
+    try:
+        on_ray = prepare_data(_config(folder, executor="ray", workers=2), Workspace(tmp_path / "r"))
+    finally:
+        ray.shutdown()
+    assert on_ray.version == local.version
+    names = [f["path"] for f in local.manifest["files"]]
+    assert names == [f["path"] for f in on_ray.manifest["files"]]
+    for name in [*names, "drops.parquet", "quarantine.parquet", "manifest.json"]:
+        assert (local.path / name).read_bytes() == (on_ray.path / name).read_bytes(), name

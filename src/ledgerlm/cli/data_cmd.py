@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.table import Table
 
+from ledgerlm.cli.render import funnel_rows
 from ledgerlm.cli.ui import (
     DEFAULT_WS,
     JsonOpt,
@@ -30,9 +32,22 @@ def prepare(
     recipe: Annotated[Path, typer.Argument(help="Recipe TOML file (its [data] section).")],
     workspace: WorkspaceOpt = DEFAULT_WS,
     set_: SetOpt = None,
+    executor: Annotated[
+        str | None,
+        typer.Option(help="Where shards run: local (process pool) or ray. Default: the recipe's."),
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="Parallel shard workers (0 = all cores).")
+    ] = None,
 ) -> None:
-    """Read, deduplicate and split documents into a content-addressed data version."""
-    cfg = load_recipe(recipe, set_).data
+    """Read, clean, deduplicate and split documents into a content-addressed data version.
+
+    Relative input paths are resolved against the current directory. An interrupted
+    build resumes from the shards it finished.
+    """
+    extra = [f"data.executor={json.dumps(executor)}"] if executor else []
+    extra += [f"data.workers={workers}"] if workers is not None else []
+    cfg = load_recipe(recipe, [*(set_ or []), *extra]).data
     with RichProgress() as progress:
         result = prepare_data(cfg, Workspace(workspace), progress)
     c = result.manifest["counts"]
@@ -57,18 +72,46 @@ def inspect(
         console.print_json(json.dumps(manifest))
         return
     c = manifest["counts"]
-    dropped = sum(d["documents"] for d in c["dropped"])
-    console.print(f"data version {manifest['version']}")
-    for i in manifest["inputs"]:
-        console.print(f"  input {i['source']} (fingerprint {i['fingerprint'][:16]})")
-    console.print(
-        f"  records in {c['records_in']:,} = kept {c['kept']:,} + dropped {dropped:,}"
-        f" + quarantined {c['quarantined']:,}"
-    )
-    for d in c["dropped"]:
-        console.print(f"    dropped by {d['step']} ({d['reason']}): {d['documents']:,}")
+    console.print(f"data version {manifest['version']}  ({c['conservation']})")
+    t = Table(title="funnel", show_edge=False)
+    for col in ("step", "documents", "detail"):
+        t.add_column(col, justify="right" if col == "documents" else "left")
+    for step, n, detail in funnel_rows(manifest):
+        t.add_row(step, f"{n:,}", detail)
+    console.print(t)
+    groups = next(s for s in manifest["steps"] if s["name"] == "filters")["groups"]
+    if groups:
+        g = Table(title="filters by group (dropped / seen documents)", show_edge=False)
+        for col in ("step", "source", "domain", "lang", "length", "date", "dropped", "reasons"):
+            g.add_column(col)
+        for row in groups:
+            if row["docs_dropped"]:
+                g.add_row(
+                    row["step"],
+                    row["source"],
+                    row["domain"],
+                    row["lang"],
+                    row["length_bucket"],
+                    row["date_bucket"],
+                    f"{row['docs_dropped']:,}/{row['docs_seen']:,}",
+                    ", ".join(f"{k} {v}" for k, v in row["reasons"].items()),
+                )
+        console.print(g)
+    top = manifest["clusters"]["top"]
+    if top:
+        k = Table(title="largest duplicate clusters", show_edge=False)
+        for col in ("kept", "size", "members"):
+            k.add_column(col)
+        for cl in top:
+            k.add_row(cl["cluster_id"], str(cl["size"]), ", ".join(cl["members"]))
+        console.print(k)
+    for f in next(s for s in manifest["steps"] if s["name"] == "contamination")["files"]:
+        console.print(
+            f"contamination {f['eval_file']}: {f['contaminated']}/{f['examples']} "
+            f"examples ({f['contaminated_fraction']:.1%})"
+        )
     for row in c["by_split_domain"]:
         console.print(
-            f"  {row['split']:>5} {row['domain']:<6} {row['documents']:>7,} docs "
-            f"{row['chars']:>12,} chars"
+            f"  {row['split']:>5} {row['domain']:<8} {row['documents']:>8,} docs "
+            f"{row['chars']:>13,} chars"
         )

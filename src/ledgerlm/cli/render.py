@@ -37,22 +37,25 @@ def contract(summary: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def funnel_rows(data_manifest: dict[str, Any]) -> list[tuple[str, int, str]]:
+    """(step, documents, detail) from records in to kept: the conservation equation."""
+    c = data_manifest["counts"]
+    rows = [("read", c["records_in"], f"{len(data_manifest['inputs'])} input shard(s)")]
+    for reason, n in c.get("quarantined_by_reason", {}).items():
+        rows.append(("- quarantined", n, reason))
+    for d in c["dropped"]:
+        rows.append((f"- {d['step']}", d["documents"], d["reason"]))
+    rows.append(("kept", c["kept"], f"data version {data_manifest['version']}"))
+    return rows
+
+
 def funnel_table(data_manifest: dict[str, Any], tokens_manifest: dict[str, Any]) -> Table:
-    counts = data_manifest["counts"]
     t = Table(title="data funnel", show_edge=False)
     t.add_column("step")
     t.add_column("documents", justify="right")
     t.add_column("detail")
-    skipped = sum(len(i["read"].get("skipped_not_utf8", [])) for i in data_manifest["inputs"])
-    truncated = sum(i["read"].get("truncated", 0) for i in data_manifest["inputs"])
-    t.add_row(
-        "read",
-        f"{counts['records_in']:,}",
-        f"{skipped} files skipped (not UTF-8), {truncated} cut at the size cap",
-    )
-    for d in counts["dropped"]:
-        t.add_row(f"- {d['step']}", f"{d['documents']:,}", d["reason"])
-    t.add_row("kept", f"{counts['kept']:,}", f"data version {data_manifest['version']}")
+    for step, n, detail in funnel_rows(data_manifest):
+        t.add_row(step, f"{n:,}", detail)
     by_split: dict[str, list[int]] = {}
     for row in tokens_manifest["counts"]:
         acc = by_split.setdefault(row["split"], [0, 0])

@@ -1,7 +1,8 @@
-"""Exact deduplication on normalized text.
+"""Exact deduplication on normalized text, and the keeper rules shared with near dedup.
 
-Memory grows with the number of distinct documents (a 16-byte digest and the
-kept id per document), never with their text.
+The driver holds a 16-byte digest and a rank per document (never the text);
+grouping is a sort, so memory is O(documents) and the result does not depend
+on the order in which shards finished.
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ import hashlib
 import re
 import unicodedata
 
+import numpy as np
+
 _WS = re.compile(r"\s+")
 
 NORMALIZATION = "nfkc+casefold+collapse-whitespace"
+KEEPERS = ("first", "longest", "newest")
 
 
 def normalize_text(text: str) -> str:
@@ -24,21 +28,48 @@ def text_digest(text: str) -> bytes:
     return hashlib.blake2b(normalize_text(text).encode("utf-8"), digest_size=16).digest()
 
 
-class ExactDedup:
-    """Keeps the first document of each normalized-text class, in input order."""
+def keeper_rank(rule: str, chars: np.ndarray, dates: np.ndarray) -> np.ndarray:
+    """Rank of every document under a keeper rule (0 = kept first); ties by input order.
 
-    name = "exact_dedup"
+    first: earliest in input order; longest: most characters; newest: latest date
+    (ISO strings compare in time order; a missing date counts as oldest).
+    """
+    n = len(chars)
+    order_idx = np.arange(n)
+    if rule == "first":
+        order = order_idx
+    elif rule == "longest":
+        order = np.lexsort((order_idx, -np.asarray(chars, dtype=np.int64)))
+    elif rule == "newest":
+        keys = np.array(["" if d is None else str(d) for d in dates], dtype=object)
+        _, codes = np.unique(keys, return_inverse=True)  # codes ascend with the date string
+        order = np.lexsort((order_idx, -codes.reshape(-1)))
+    else:
+        raise ValueError(f"unknown keeper rule {rule!r} (one of {', '.join(KEEPERS)})")
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    return rank
 
-    def __init__(self) -> None:
-        self._kept: dict[bytes, str] = {}
 
-    def params(self) -> dict[str, str]:
-        return {"normalization": NORMALIZATION, "hash": "blake2b-128", "keeper": "first seen"}
+def group_keepers(labels: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """For each document, the index of the best-ranked document with the same label."""
+    labels = np.asarray(labels, dtype=np.int64)
+    n = len(labels)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort((rank, labels))  # by label, best rank first
+    first = np.ones(n, dtype=bool)
+    first[1:] = labels[order][1:] != labels[order][:-1]
+    best_of_group = order[first]
+    group_of_sorted = np.cumsum(first) - 1
+    keeper = np.empty(n, dtype=np.int64)
+    keeper[order] = best_of_group[group_of_sorted]
+    return keeper
 
-    def check(self, doc_id: str, text: str) -> str | None:
-        """None when the document is kept, else the id of the kept representative."""
-        digest = text_digest(text)
-        kept = self._kept.get(digest)
-        if kept is None:
-            self._kept[digest] = doc_id
-        return kept
+
+def exact_keepers(digests: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """(N, 2) uint64 digests -> for each document, the keeper of its exact-duplicate group."""
+    if len(digests) == 0:
+        return np.zeros(0, dtype=np.int64)
+    _, labels = np.unique(digests, axis=0, return_inverse=True)
+    return group_keepers(labels.reshape(-1), rank)

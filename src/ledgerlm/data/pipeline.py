@@ -1,27 +1,62 @@
-"""The data stage: read -> exact dedup -> split by document -> Parquet shards + manifest.
+"""The data stage: raw records -> a versioned, deduplicated, split training distribution.
 
-Streaming: documents flow one at a time and shards are written as they fill, so
-memory holds one shard plus the dedup digests, whatever the corpus size.
+Three per-shard passes run on the chosen executor (``data/passes.py``); between
+them the driver makes the global decisions, holding only small per-document
+arrays (a 16-byte digest, a few integers and the id), never the text:
+
+  1. read      records -> valid documents + quarantine; count template lines
+  2. clean     template removal, filters, exact digests, MinHash band keys
+  -  decide    exact dedup, near-dedup clustering (out of core), keepers, splits
+  3. write     apply decisions, contamination check, write train/val shards
+
+The version id hashes the inputs' content and every parameter. The build
+folder survives an interruption, and a rerun resumes from the shards that
+finished; only the final rename makes a version visible.
 """
 
 from __future__ import annotations
 
 import hashlib
+import shutil
 import time
-from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ledgerlm.config import DataConfig
-from ledgerlm.data.builtin import read_builtin, stdlib_fingerprint
-from ledgerlm.data.dedup import ExactDedup
-from ledgerlm.data.records import DOCUMENT_SCHEMA, Document, ReadStats, documents_to_table
+from ledgerlm.config import DataConfig, InputConfig
+from ledgerlm.data.budget import Budget
+from ledgerlm.data.contamination import (
+    EvalSet,
+    contamination_report,
+    load_eval_sets,
+    near_hits,
+)
+from ledgerlm.data.dedup import NORMALIZATION, exact_keepers, group_keepers, keeper_rank
+from ledgerlm.data.executor import map_shards
+from ledgerlm.data.manifest import build_manifest
+from ledgerlm.data.minhash import params_from_config
+from ledgerlm.data.passes import (
+    DROP_SCHEMA,
+    clean_pass,
+    load_shingles,
+    output_name,
+    read_pass,
+    write_pass,
+)
+from ledgerlm.data.readers import (
+    QUARANTINE_SCHEMA,
+    ReaderError,
+    Shard,
+    expand_inputs,
+    shard_fingerprint,
+)
+from ledgerlm.data.templates import template_lines
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.workspace import (
+    BUILD_INFO,
     MANIFEST,
     SCHEMA_VERSION,
     BuiltVersion,
@@ -32,159 +67,283 @@ from ledgerlm.workspace import (
 )
 
 SPLITS = ("train", "val")
-BUILTIN = "builtin:stdlib"
 
 
 class DataError(ValueError):
-    """Bad data-stage input; the message names the source and the reason."""
+    """Bad data-stage input; the message names the input and the reason."""
 
 
-def split_of(doc_id: str, val_fraction: float, seed: int) -> str:
-    """A document's split depends only on its id, so it is stable as the corpus grows."""
-    h = hashlib.blake2b(f"{seed}:{doc_id}".encode(), digest_size=8).digest()
+def split_of(unit: str, val_fraction: float, seed: int) -> str:
+    """A unit's split depends only on its key, so it is stable as the corpus grows."""
+    h = hashlib.blake2b(f"{seed}:{unit}".encode(), digest_size=8).digest()
     return "val" if int.from_bytes(h, "big") / 2**64 < val_fraction else "train"
 
 
-def _fingerprint(cfg: DataConfig, source: str) -> str:
-    if source == BUILTIN:
-        return stdlib_fingerprint(cfg.builtin)
-    raise DataError(f"source {source!r}: unsupported (this version reads {BUILTIN!r})")
+def _shards(cfg: DataConfig, base: Path) -> list[Shard]:
+    try:
+        return expand_inputs(cfg.inputs(), base)
+    except ReaderError as err:
+        raise DataError(str(err)) from None
 
 
-def _read(cfg: DataConfig, source: str, stats: ReadStats) -> Iterator[Document]:
-    if source == BUILTIN:
-        return read_builtin(cfg.builtin, stats)
-    raise DataError(f"source {source!r}: unsupported")
-
-
-def data_version(cfg: DataConfig) -> tuple[str, list[dict[str, str]]]:
+def data_version(
+    cfg: DataConfig, base: Path | None = None
+) -> tuple[str, list[Shard], list[dict[str, Any]]]:
     """The version id names the inputs' content hashes and every parameter."""
-    inputs = [{"source": s, "fingerprint": _fingerprint(cfg, s)} for s in cfg.sources]
-    return content_hash("data", SCHEMA_VERSION, inputs, cfg.model_dump(mode="json")), inputs
-
-
-class _ShardWriter:
-    """Writes one split's documents into numbered Parquet shards as they fill."""
-
-    def __init__(self, folder: Path, split: str, shard_docs: int) -> None:
-        self.folder, self.split, self.shard_docs = folder, split, shard_docs
-        self.buffer: list[Document] = []
-        self.files: list[dict[str, Any]] = []
-
-    def add(self, doc: Document) -> None:
-        self.buffer.append(doc)
-        if len(self.buffer) >= self.shard_docs:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self.buffer:
-            return
-        name = f"{self.split}-{len(self.files):05d}.parquet"
-        path = self.folder / name
-        pq.write_table(documents_to_table(self.buffer), path, compression="zstd")
-        self.files.append(
-            {
-                "path": name,
-                "split": self.split,
-                "rows": len(self.buffer),
-                "chars": sum(len(d.text) for d in self.buffer),
-                "sha256": file_sha256(path),
-            }
-        )
-        self.buffer = []
+    base = base or Path.cwd()
+    shards = _shards(cfg, base)
+    inputs = [
+        {
+            "source": s.source,
+            "format": s.format,
+            "path": s.path,
+            "files": len(s.files) or 1,
+            "fingerprint": shard_fingerprint(s, cfg.builtin),
+        }
+        for s in shards
+    ]
+    evals = []
+    for name in cfg.contamination.eval_files:
+        for s in _shards(cfg.model_copy(update={"sources": [InputConfig(path=name)]}), base):
+            evals.append({"eval": name, "fingerprint": shard_fingerprint(s, cfg.builtin)})
+    content = [{k: i[k] for k in ("source", "format", "fingerprint")} for i in inputs]
+    # how shards are executed never changes the content, so it is not part of the id
+    params = cfg.model_dump(mode="json", exclude={"executor", "workers"})
+    version = content_hash("data", SCHEMA_VERSION, content, evals, params)
+    return version, shards, inputs
 
 
 def prepare_data(
-    cfg: DataConfig, workspace: Workspace, progress: Progress | None = None
+    cfg: DataConfig,
+    workspace: Workspace,
+    progress: Progress | None = None,
+    base: Path | None = None,
 ) -> BuiltVersion:
-    """Build (or reuse) the data version for ``cfg``; nothing half-written is ever visible."""
+    """Build (or reuse, or resume) the data version for ``cfg``."""
     progress = progress or NullProgress()
+    base = base or Path.cwd()
     start = time.perf_counter()
-    version, inputs = data_version(cfg)
+    version, shards, inputs = data_version(cfg, base)
     if reused := workspace.reuse("data", version, start):
         return reused
 
-    dedup = ExactDedup()
-    records_in = 0
-    dropped: Counter[tuple[str, str]] = Counter()
-    drops: list[dict[str, str]] = []
-    kept_docs: Counter[tuple[str, str]] = Counter()
-    kept_chars: Counter[tuple[str, str]] = Counter()
-    read_stats: dict[str, dict[str, Any]] = {}
+    def run(name: str, fn, jobs: list[tuple]) -> list[Any]:
+        with progress.task(name, total=len(jobs)) as task:
+            return map_shards(fn, jobs, cfg.executor, cfg.workers, lambda _: task.advance(1))
 
-    with workspace.building("data", version) as tmp:
-        writers = {s: _ShardWriter(tmp, s, cfg.shard_docs) for s in SPLITS}
-        with progress.task("data: read, dedup, split") as task:
-            for source in cfg.sources:
-                stats = ReadStats()
-                for doc in _read(cfg, source, stats):
-                    records_in += 1
-                    task.advance(1)
-                    kept_id = dedup.check(doc.id, doc.text)
-                    if kept_id is not None:
-                        dropped[(dedup.name, "duplicate")] += 1
-                        drops.append(
-                            {
-                                "id": doc.id,
-                                "step": dedup.name,
-                                "reason": "duplicate",
-                                "kept": kept_id,
-                            }
-                        )
-                        continue
-                    split = split_of(doc.id, cfg.val_fraction, cfg.split_seed)
-                    writers[split].add(doc)
-                    kept_docs[(split, doc.domain)] += 1
-                    kept_chars[(split, doc.domain)] += len(doc.text)
-                read_stats[source] = stats.to_dict()
-        for w in writers.values():
-            w.flush()
-        drop_schema = pa.schema([(k, pa.string()) for k in ("id", "step", "reason", "kept")])
-        pq.write_table(pa.Table.from_pylist(drops, schema=drop_schema), tmp / "drops.parquet")
-
-        kept = sum(kept_docs.values())
-        manifest = {
-            "schema_version": SCHEMA_VERSION,
-            "kind": "data",
-            "version": version,
-            "inputs": [{**i, "read": read_stats[i["source"]]} for i in inputs],
-            "document_schema": [f.name for f in DOCUMENT_SCHEMA],
-            "steps": [{"name": dedup.name, "params": dedup.params()}],
-            "split": {
-                "method": "per-document hash of id",
-                "val_fraction": cfg.val_fraction,
-                "seed": cfg.split_seed,
-            },
-            "config": cfg.model_dump(mode="json"),
-            "counts": {
-                "records_in": records_in,
-                "kept": kept,
-                "dropped": [
-                    {"step": s, "reason": r, "documents": n}
-                    for (s, r), n in sorted(dropped.items())
-                ],
-                "quarantined": 0,
-                "by_split_domain": [
-                    {"split": s, "domain": d, "documents": n, "chars": kept_chars[(s, d)]}
-                    for (s, d), n in sorted(kept_docs.items())
-                ],
-            },
-            "files": [f for w in writers.values() for f in w.files],
-            "build_seconds": round(time.perf_counter() - start, 3),
-        }
-        if records_in != kept + sum(dropped.values()):
-            raise RuntimeError("data stage lost records")  # conservation guard
-        if not writers["train"].files or not writers["val"].files:
-            raise DataError(
-                f"data: {kept} documents kept, too few to fill both splits "
-                f"(val_fraction={cfg.val_fraction})"
-            )
-        atomic_write_json(tmp / MANIFEST, manifest)
+    with workspace.building("data", version, resumable=True) as out:
+        work = out / "_work"
+        work.mkdir(exist_ok=True)
+        read = run("data: read", read_pass, [(s, cfg, str(work)) for s in shards])
+        templates: dict = {}
+        if cfg.templates.enabled:
+            counter = read[0]["lines"]
+            for r in read[1:]:
+                counter.merge(r["lines"])
+            templates = template_lines(counter, cfg.templates)
+        clean = run(
+            "data: clean", clean_pass, [(s.index, cfg, templates, str(work)) for s in shards]
+        )
+        with progress.task("data: dedup", total=1) as task:
+            decided = _decide(cfg, shards, clean, work)
+            task.advance(1)
+        evals = load_eval_sets(cfg.contamination, base, cfg.builtin, cfg.near_dedup)
+        eval_path = None
+        if evals:
+            eval_path = str(work / "eval-ngrams.npy")
+            np.save(eval_path, np.unique(np.concatenate([e.all_ngrams for e in evals])))
+        written = run(
+            "data: write",
+            write_pass,
+            [(s.index, cfg, str(work), str(out), eval_path) for s in shards],
+        )
+        files = _merge_outputs(shards, written, work, out)
+        manifest = build_manifest(
+            cfg=cfg,
+            version=version,
+            inputs=inputs,
+            read=read,
+            clean=clean,
+            decided=decided,
+            written=written,
+            contamination=_contamination(cfg, evals, shards, written, work),
+            files=files,
+            drops_path=out / "drops.parquet",
+        )
+        shutil.rmtree(work)
+        atomic_write_json(out / BUILD_INFO, {"build_seconds": time.perf_counter() - start})
+        atomic_write_json(out / MANIFEST, manifest)
     return workspace.published("data", version, start)
 
 
-def iter_split(data_dir: Path, manifest: dict[str, Any], split: str) -> Iterator[pa.Table]:
-    """Stream one split of a data version shard by shard."""
+def _contamination(
+    cfg: DataConfig, evals: list[EvalSet], shards: list[Shard], written: list[dict], work: Path
+) -> dict[str, Any]:
+    overlapping = sum(w["contaminated_docs"] for w in written)
+    if not evals:
+        return {"files": [], "train_documents_overlapping": overlapping}
+    matched = [w["matched_ngrams"] for w in written if w["matched_ngrams"].size]
+    hits = np.unique(np.concatenate(matched)) if matched else np.zeros(0, np.uint64)
+    near = None
+    if cfg.near_dedup.enabled:
+        near = [np.zeros(len(e.doc_ngrams), dtype=bool) for e in evals]
+        for s in shards:
+            for i, h in enumerate(near_hits(evals, np.load(work / f"bands-{s.index}.npy"))):
+                near[i] |= h
+    report = contamination_report(evals, hits, near)
+    report.update(
+        ngram=cfg.contamination.ngram,
+        drop=cfg.contamination.drop,
+        train_documents_overlapping=overlapping,
+    )
+    return report
+
+
+def _merge_outputs(
+    shards: list[Shard], written: list[dict], work: Path, out: Path
+) -> list[dict[str, Any]]:
+    """One quarantine and one drops file, in shard order; the list of output shards."""
+    for name, parts, schema in (
+        (
+            "quarantine.parquet",
+            [f"quarantine-{s.index}.parquet" for s in shards],
+            QUARANTINE_SCHEMA,
+        ),
+        (
+            "drops.parquet",
+            [f"drops-{step}-{s.index}.parquet" for s in shards for step in ("clean", "final")],
+            DROP_SCHEMA,
+        ),
+    ):
+        with pq.ParquetWriter(out / name, schema, compression="zstd") as writer:
+            for part in parts:
+                writer.write_table(pq.read_table(work / part))
+    files = []
+    for s, w in zip(shards, written, strict=True):
+        for split in w["splits"]:
+            path = out / output_name(split, s.index)
+            files.append(
+                {
+                    "path": path.name,
+                    "split": split,
+                    "rows": pq.ParquetFile(path).metadata.num_rows,
+                    "sha256": file_sha256(path),
+                }
+            )
+    return sorted(files, key=lambda f: (SPLITS.index(f["split"]), f["path"]))
+
+
+def _decide(cfg: DataConfig, shards: list[Shard], clean: list[dict], work: Path) -> dict:
+    """Global dedup and split decisions, written per shard as ``decisions-i.parquet``."""
+    counts = np.array([c["kept"] for c in clean], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    n = int(offsets[-1])
+    cols: dict[str, list] = {"id": [], "source": [], "date": [], "digest": [], "chars": []}
+    for s in shards:
+        t = pq.read_table(work / f"clean-{s.index}.parquet", columns=list(cols))
+        for k in cols:
+            cols[k].append(t.column(k).to_numpy(zero_copy_only=False))
+    ids = np.concatenate(cols["id"]) if n else np.zeros(0, object)
+    sources = np.concatenate(cols["source"]) if n else np.zeros(0, object)
+    chars = np.concatenate(cols["chars"]).astype(np.int64) if n else np.zeros(0, np.int64)
+    dates = np.concatenate(cols["date"]) if n else np.zeros(0, object)
+    digests = (
+        np.frombuffer(b"".join(np.concatenate(cols["digest"])), dtype=np.uint64).reshape(n, 2)
+        if n
+        else np.zeros((0, 2), np.uint64)
+    )
+    rank = keeper_rank(cfg.near_dedup.keeper, chars, dates)
+    exact = exact_keepers(digests, rank) if cfg.exact_dedup else np.arange(n)
+    near_stats: dict[str, Any] = {"enabled": cfg.near_dedup.enabled}
+    labels = exact
+    if cfg.near_dedup.enabled and n:
+        labels, near_stats = _near_clusters(cfg, shards, offsets, exact, work)
+    keeper = group_keepers(labels, rank)
+    doc = np.arange(n)
+    status = np.where(keeper == doc, "kept", np.where(exact != doc, "exact_dedup", "near_dedup"))
+    size = np.bincount(labels, minlength=n)[labels] if n else np.zeros(0, np.int64)
+    cluster_id = ids[keeper] if n else ids
+    unit = {"cluster": cluster_id, "source": sources, "document": ids}[cfg.split]
+    split = np.array([split_of(u, cfg.val_fraction, cfg.split_seed) for u in unit], dtype=object)
+    for s in shards:
+        a, b = offsets[s.index], offsets[s.index + 1]
+        table = pa.table(
+            {
+                "status": pa.array(status[a:b].tolist(), pa.string()),
+                "cluster_id": pa.array(cluster_id[a:b].tolist(), pa.string()),
+                "kept": pa.array(
+                    [
+                        None if st == "kept" else k
+                        for st, k in zip(status[a:b], cluster_id[a:b], strict=True)
+                    ],
+                    pa.string(),
+                ),
+                "cluster_size": pa.array(size[a:b], pa.int64()),
+                "split": pa.array(split[a:b].tolist(), pa.string()),
+            }
+        )
+        pq.write_table(table, work / f"decisions-{s.index}.parquet")
+    kept = status == "kept"
+    multi = np.flatnonzero(kept & (size > 1))
+    top = multi[np.lexsort((rank[multi], -size[multi]))][:10]
+    return {
+        "documents": n,
+        "exact": {
+            "enabled": cfg.exact_dedup,
+            "normalization": NORMALIZATION,
+            "dropped": int((status == "exact_dedup").sum()),
+        },
+        "near": {**near_stats, "dropped": int((status == "near_dedup").sum())},
+        "keeper": cfg.near_dedup.keeper,
+        "clusters_with_duplicates": int(multi.size),
+        "top_clusters": [
+            {
+                "cluster_id": str(ids[k]),
+                "size": int(size[k]),
+                "members": [str(m) for m in ids[labels == labels[k]][:5]],
+            }
+            for k in top
+        ],
+        "budget_chars": Budget(
+            raw=int(chars.sum()),
+            unique=int(chars[kept].sum()),
+            repeats=int(chars.sum() - chars[kept].sum()),
+            exposure=float(chars.sum() / max(chars[kept].sum(), 1)),
+        ).to_dict(),
+    }
+
+
+def _near_clusters(cfg, shards, offsets, exact, work) -> tuple[np.ndarray, dict[str, Any]]:
+    """Cluster exact-keepers by MinHash LSH; every other document follows its keeper."""
+    from ledgerlm.data.cluster import EdgeIndex, ShingleStore, cluster
+
+    params = params_from_config(cfg.near_dedup)
+    n = int(offsets[-1])
+    index = EdgeIndex(work / "edges", params, cfg.near_dedup.partitions)
+    store = ShingleStore(work / "shingles") if cfg.near_dedup.verify else None
+    for s in shards:
+        gids = np.arange(offsets[s.index], offsets[s.index + 1])
+        keep = exact[gids] == gids
+        index.add(gids[keep], np.load(work / f"bands-{s.index}.npy")[keep])
+        if store is not None:
+            sets = load_shingles(work, s.index)
+            store.add(gids[keep], [sets[j] for j in np.flatnonzero(keep)])
+    result = cluster(
+        index,
+        n,
+        verify=store.jaccard if store is not None else None,
+        threshold=params.threshold if store is not None else None,
+    )
+    return result.labels[exact], {
+        "enabled": True,
+        "params": params.to_dict(),
+        "verify": cfg.near_dedup.verify,
+        **result.to_dict(),
+    }
+
+
+def iter_split(data_dir: Path, manifest: dict[str, Any], split: str):
+    """Stream one split of a data version shard by shard (pyarrow Tables)."""
     for f in manifest["files"]:
         if f["split"] == split:
             yield pq.read_table(data_dir / f["path"])

@@ -22,6 +22,7 @@ from ledgerlm.data.pipeline import SPLITS, iter_split
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.tokens.tokenizer import load_tokenizer, special_ids, train_tokenizer
 from ledgerlm.workspace import (
+    BUILD_INFO,
     MANIFEST,
     SCHEMA_VERSION,
     BuiltVersion,
@@ -137,8 +138,8 @@ def build_tokens(
             "dtype": np.dtype(dtype).name,
             "files": files,
             "counts": counts,
-            "build_seconds": round(time.perf_counter() - start, 3),
         }
+        atomic_write_json(tmp / BUILD_INFO, {"build_seconds": time.perf_counter() - start})
         atomic_write_json(tmp / MANIFEST, manifest)
     return workspace.published("tokens", version, start)
 

@@ -1,0 +1,143 @@
+"""The data manifest (D9): everything needed to know what a version is and how it came to be.
+
+Drop counts are read back from the version's own ``drops.parquet`` and
+``quarantine.parquet``, so the funnel in the manifest cannot disagree with the
+files beside it; the conservation equation is checked before publishing.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from ledgerlm.config import DataConfig
+from ledgerlm.data.filters import build_filters
+from ledgerlm.data.templates import TemplateStats
+from ledgerlm.workspace import SCHEMA_VERSION
+
+SAMPLE_DROPS = 3
+
+
+class ConservationError(RuntimeError):
+    """Records in != kept + dropped + quarantined: a bug, never published."""
+
+
+def _drops(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Drop counts per (step, reason) and a few examples of each, in file order."""
+    counts: Counter[tuple[str, str]] = Counter()
+    samples: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=65_536):
+        for row in batch.to_pylist():
+            key = (row["step"], row["reason"])
+            counts[key] += 1
+            bucket = samples.setdefault(key, [])
+            if len(bucket) < SAMPLE_DROPS:
+                bucket.append({k: v for k, v in row.items() if v is not None})
+    dropped = [{"step": s, "reason": r, "documents": n} for (s, r), n in sorted(counts.items())]
+    return dropped, [x for key in sorted(samples) for x in samples[key]]
+
+
+def build_manifest(
+    *,
+    cfg: DataConfig,
+    version: str,
+    inputs: list[dict[str, Any]],
+    read: list[dict[str, Any]],
+    clean: list[dict[str, Any]],
+    decided: dict[str, Any],
+    written: list[dict[str, Any]],
+    contamination: dict[str, Any],
+    files: list[dict[str, Any]],
+    drops_path: Path,
+) -> dict[str, Any]:
+    records_in = sum(r["records_in"] for r in read)
+    quarantined: Counter[str] = Counter()
+    for r in read:
+        quarantined.update(r["quarantined"])
+    filters = clean[0]["filters"] if clean else None
+    templates = TemplateStats()
+    for c in clean:
+        templates.merge(c["templates"])
+    for c in clean[1:]:
+        filters.merge(c["filters"])
+    by_split_domain: Counter[tuple[str, str]] = Counter()
+    chars: Counter[tuple[str, str]] = Counter()
+    for w in written:
+        for split, domain, n, ch in w["by_split_domain"]:
+            by_split_domain[(split, domain)] += n
+            chars[(split, domain)] += ch
+    kept = sum(by_split_domain.values())
+    dropped, samples = _drops(drops_path)
+    n_dropped = sum(d["documents"] for d in dropped)
+    n_quarantined = sum(quarantined.values())
+    if records_in != kept + n_dropped + n_quarantined:
+        raise ConservationError(
+            f"records in {records_in} != kept {kept} + dropped {n_dropped} "
+            f"+ quarantined {n_quarantined}"
+        )
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "data",
+        "version": version,
+        "inputs": inputs,
+        "config": cfg.model_dump(mode="json", exclude={"executor", "workers"}),
+        "steps": [
+            {
+                "name": "read",
+                "stats": {
+                    "records_in": records_in,
+                    "quarantined": dict(sorted(quarantined.items())),
+                },
+            },
+            {
+                "name": "templates",
+                "params": cfg.templates.model_dump(mode="json"),
+                "stats": templates.to_dict(),
+            },
+            {
+                "name": "filters",
+                "params": [{"name": f.name, **f.params()} for f in build_filters(cfg.filters)],
+                "stats": filters.totals() if filters else {},
+                "groups": filters.rows() if filters else [],
+            },
+            {"name": "exact_dedup", **decided["exact"]},
+            {"name": "near_dedup", **decided["near"]},
+            {"name": "contamination", **contamination},
+        ],
+        "clusters": {
+            "keeper": decided["keeper"],
+            "with_duplicates": decided["clusters_with_duplicates"],
+            "top": decided["top_clusters"],
+        },
+        "split": {
+            "method": f"per {cfg.split}: hash of its key",
+            "unit": cfg.split,
+            "val_fraction": cfg.val_fraction,
+            "seed": cfg.split_seed,
+        },
+        "weights": {
+            "mode": cfg.weights,
+            "meaning": "kept document weight = its cluster size"
+            if cfg.weights == "preserve"
+            else "every kept document weighs 1",
+        },
+        "budget": {"chars": decided["budget_chars"]},
+        "counts": {
+            "records_in": records_in,
+            "kept": kept,
+            "dropped": dropped,
+            "quarantined": n_quarantined,
+            "quarantined_by_reason": dict(sorted(quarantined.items())),
+            "conservation": f"{records_in} = {kept} kept + {n_dropped} dropped "
+            f"+ {n_quarantined} quarantined",
+            "by_split_domain": [
+                {"split": s, "domain": d, "documents": n, "chars": chars[(s, d)]}
+                for (s, d), n in sorted(by_split_domain.items())
+            ],
+        },
+        "sample_drops": samples,
+        "files": files,
+    }

@@ -289,8 +289,8 @@ class ShingleStore:
     """Shingle sets of every document on disk, for exact Jaccard of candidate pairs.
 
     Two files: the hashes of all documents back to back, appended batch by batch as they
-    come (8 B per shingle; repeats and order do not matter, so nobody sorts every
-    document for the few that become candidates), and a (start, end) slot per document id (16 B per
+    come (8 B per shingle; repeats and order do not matter, so no document is sorted just
+    in case it becomes a candidate), and a (start, end) slot per document id (16 B per
     document). Documents may arrive in any order; an id never added is an empty set.
     Reading fetches only the ranges of the documents being compared, chunk by chunk, so
     memory follows the pairs in flight, not the store.

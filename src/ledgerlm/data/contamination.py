@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ledgerlm.config import BuiltinCorpusConfig, ContaminationConfig, InputConfig, NearDedupConfig
-from ledgerlm.data.minhash import band_keys, minhash_signatures, params_from_config, shingle_hashes
+from ledgerlm.data.minhash import band_keys, minhash_flat, params_from_config, shingle_batch
 from ledgerlm.data.readers import Quarantined, expand_inputs, read_shard
 
 
@@ -39,19 +39,19 @@ def load_eval_sets(
     out = []
     params = params_from_config(near) if near is not None and near.enabled else None
     for name in cfg.eval_files:
-        grams, texts, bad = [], [], 0
+        texts, bad = [], 0
         for shard in expand_inputs([InputConfig(path=name)], base):
             for item in read_shard(shard, builtin):
                 if isinstance(item, Quarantined):
                     bad += 1
-                    continue
-                grams.append(shingle_hashes(item.text, cfg.ngram))
-                texts.append(item.text)
+                else:
+                    texts.append(item.text)
+        grams = shingle_batch(texts, cfg.ngram).sets()
         union = np.unique(np.concatenate(grams)) if grams else np.zeros(0, np.uint64)
         bands = None
         if params is not None and texts:
-            sets = [shingle_hashes(t, params.shingle_words) for t in texts]
-            bands = band_keys(minhash_signatures(sets, params), params)
+            batch = shingle_batch(texts, params.shingle_words)
+            bands = band_keys(minhash_flat(batch.hashes, batch.offsets, params), params)
         out.append(EvalSet(name, grams, union, bands, bad))
     return out
 

@@ -22,6 +22,7 @@ Design choices, and why:
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections.abc import Sequence
@@ -77,10 +78,13 @@ _SHINGLE_LEN_SALT = _constants(0x5EED_0003, 1)[0]
 _BAND_SALT = 0x5EED_0004
 
 
+@functools.lru_cache(maxsize=64)
 def _shingle_multipliers(k: int) -> np.ndarray:
     # Odd, so that every word of a shingle changes its hash; distinct per position, so order
     # matters ("a b" and "b a" differ).
-    return _constants(0x5EED_0005, k) | _U64(1)
+    out = _constants(0x5EED_0005, k) | _U64(1)
+    out.flags.writeable = False
+    return out
 
 
 @dataclass(frozen=True)
@@ -323,31 +327,38 @@ def _word_hashes(data: bytes) -> tuple[np.ndarray, np.ndarray]:
     flips = np.flatnonzero(sep[1:] != sep[:-1])
     starts = flips[0::2]
     lengths = flips[1::2] - starts
-    words = np.empty(len(starts), dtype=_U64)
     if len(starts) == 0:
-        return words, starts
+        return np.zeros(0, dtype=_U64), starts
     view = np.ndarray(shape=(size + 1,), dtype="<u8", buffer=data, strides=(1,))
-    # Group words by their number of 8-byte chunks (a radix sort of small integers), so each
-    # group runs its rounds on dense arrays; most text is all one- and two-chunk words.
-    chunks = np.minimum((lengths + 7) >> 3, _LONG_WORD // 8 + 1).astype(np.uint8)
-    order = np.argsort(chunks, kind="stable")
-    bounds = np.searchsorted(chunks[order], np.arange(1, _LONG_WORD // 8 + 2))
     mult = _U64(_GOLDEN)
-    for c in range(1, _LONG_WORD // 8 + 1):
-        group = order[bounds[c - 1] : bounds[c]]
-        if len(group) == 0:
-            continue
-        at = starts[group]
-        size_c = lengths[group]
-        h = size_c.astype(_U64) * _WORD_LEN_SALT
-        for j in range(c):
-            chunk = view[at + 8 * j] if j else view[at]
-            if j == c - 1:  # the last chunk: keep only the word's own bytes
-                chunk &= _ALL_ONES >> (64 - 8 * (size_c - 8 * j)).astype(_U64)
-            h ^= chunk
-            h *= mult
-            h = _fmix64(h)
-        words[group] = h
+    # Round one, over every word at once: the first 8 bytes, masked to the word.
+    words = lengths.astype(_U64) * _WORD_LEN_SALT
+    chunk = view[starts]
+    chunk &= _ALL_ONES >> (64 - 8 * np.minimum(lengths, 8)).astype(_U64)
+    words ^= chunk
+    words *= mult
+    words = _fmix64(words)
+    # Later rounds, for the few longer words, grouped by their number of chunks (a radix
+    # sort of small integers) so that each group runs on dense arrays.
+    longer = np.flatnonzero((lengths > 8) & (lengths <= _LONG_WORD))
+    if len(longer):
+        chunks = ((lengths[longer] + 7) >> 3).astype(np.uint8)
+        order = np.argsort(chunks, kind="stable")
+        bounds = np.searchsorted(chunks[order], np.arange(2, _LONG_WORD // 8 + 2))
+        for c in range(2, _LONG_WORD // 8 + 1):
+            group = longer[order[bounds[c - 2] : bounds[c - 1]]]
+            if len(group) == 0:
+                continue
+            at = starts[group]
+            h = words[group]
+            for j in range(1, c):
+                chunk = view[at + 8 * j]
+                if j == c - 1:  # the last chunk: keep only the word's own bytes
+                    chunk &= _ALL_ONES >> (64 - 8 * (lengths[group] - 8 * j)).astype(_U64)
+                h ^= chunk
+                h *= mult
+                h = _fmix64(h)
+            words[group] = h
     long_ = np.flatnonzero(lengths > _LONG_WORD)
     if len(long_):
         words[long_] = _long_word_hashes(buf, starts[long_], lengths[long_])
@@ -387,7 +398,10 @@ def _shingles_of_chunk(norms: Sequence[str], k: int, unique: bool) -> ShingleBat
             part += np.where(i < n_short, padded[first + i] * mult[i], _U64(0))
         acc[offsets[short_docs]] = part
     acc = _fmix64(acc)
-    if unique:
+    if unique and n_docs == 1:
+        acc = np.unique(acc)
+        offsets = np.array([0, len(acc)], dtype=np.int64)
+    elif unique:
         # Sort by hash, then stably by document: a radix sort when ids fit 16 bits,
         # several times faster than np.lexsort.
         order = np.argsort(acc)

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from ledgerlm.config import DataConfig
 from ledgerlm.data.dedup import text_digest
 from ledgerlm.data.filters import build_filters
-from ledgerlm.data.minhash import band_keys, minhash_signatures, params_from_config, shingle_hashes
+from ledgerlm.data.minhash import band_keys, minhash_flat, params_from_config, shingle_batch
 from ledgerlm.data.readers import Quarantined, Shard, quarantine_table, read_shard
 from ledgerlm.data.records import DOCUMENT_SCHEMA, Document, documents_to_table, table_to_documents
 from ledgerlm.data.steps import GroupStats, apply_filters
@@ -137,7 +137,9 @@ def _clean(index: int, cfg: DataConfig, templates: dict, work: Path) -> dict[str
     schema = pa.schema([*DOCUMENT_SCHEMA, *(pa.field(n, t) for n, t in CLEAN_EXTRA)])
     writer = pq.ParquetWriter(work / f"clean-{index}.parquet", schema)
     drops: list[dict] = []
-    keys, shingle_sets, offsets = [], [], [0]
+    keys: list[np.ndarray] = []
+    flats: list[np.ndarray] = []
+    counts: list[np.ndarray] = []
     kept = 0
     try:
         for table in _batches(work / f"read-{index}.parquet"):
@@ -159,18 +161,20 @@ def _clean(index: int, cfg: DataConfig, templates: dict, work: Path) -> dict[str
             writer.write_table(out)
             kept += len(survivors)
             if near:
-                sets = [shingle_hashes(d.text, params.shingle_words) for d in survivors]
-                keys.append(band_keys(minhash_signatures(sets, params), params))
+                batch = shingle_batch([d.text for d in survivors], params.shingle_words)
+                keys.append(band_keys(minhash_flat(batch.hashes, batch.offsets, params), params))
                 if cfg.near_dedup.verify:
-                    shingle_sets.extend(sets)
+                    flats.append(batch.hashes)
+                    counts.append(batch.counts())
     finally:
         writer.close()
     if near:
         bands = np.concatenate(keys) if keys else np.zeros((0, params.bands), np.uint64)
         np.save(work / f"bands-{index}.npy", bands)
         if cfg.near_dedup.verify:
-            offsets = np.cumsum([0, *(len(s) for s in shingle_sets)], dtype=np.int64)
-            flat = np.concatenate(shingle_sets) if shingle_sets else np.zeros(0, np.uint64)
+            sizes = np.concatenate(counts) if counts else np.zeros(0, np.int64)
+            offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+            flat = np.concatenate(flats) if flats else np.zeros(0, np.uint64)
             np.savez(work / f"shingles-{index}.npz", flat=flat, offsets=offsets)
     pq.write_table(pa.Table.from_pylist(drops, DROP_SCHEMA), work / f"drops-clean-{index}.parquet")
     return {"kept": kept, "filters": stats, "templates": remover.stats}
@@ -228,22 +232,28 @@ def _write(
     try:
         for table in _batches(work / f"clean-{index}.parquet"):
             rows: dict[str, list[dict]] = {"train": [], "val": []}
-            for doc in table_to_documents(table.drop_columns([c for c, _ in CLEAN_EXTRA])):
-                status, split = decisions["status"][row], decisions["split"][row]
-                cluster, keeper = decisions["cluster_id"][row], decisions["kept"][row]
-                size = decisions["cluster_size"][row]
-                row += 1
+            docs = list(table_to_documents(table.drop_columns([c for c, _ in CLEAN_EXTRA])))
+            d = {k: v[row : row + len(docs)] for k, v in decisions.items()}
+            row += len(docs)
+            overlap = np.zeros(len(docs), dtype=bool)
+            live = np.flatnonzero(np.asarray(d["status"], dtype=object) == "kept")
+            if evals is not None and evals.size and live.size:
+                grams = shingle_batch([docs[j].text for j in live], n)
+                hit = np.isin(grams.hashes, evals)
+                per_doc = np.concatenate([[0], np.cumsum(hit)])[grams.offsets]
+                overlap[live] = np.diff(per_doc) > 0
+                matched.append(np.unique(grams.hashes[hit]))
+            for j, doc in enumerate(docs):
+                status, split = d["status"][j], d["split"][j]
+                cluster, keeper, size = d["cluster_id"][j], d["kept"][j], d["cluster_size"][j]
                 if status != "kept":
                     drops.append(_drop(doc, status, "duplicate", cluster, keeper))
                     continue
-                if evals is not None and evals.size:
-                    hits = np.intersect1d(shingle_hashes(doc.text, n), evals, assume_unique=True)
-                    if hits.size:
-                        matched.append(hits)
-                        contaminated += 1
-                        if cfg.contamination.drop:
-                            drops.append(_drop(doc, "contamination", f"{n}-gram overlap", cluster))
-                            continue
+                if overlap[j]:
+                    contaminated += 1
+                    if cfg.contamination.drop:
+                        drops.append(_drop(doc, "contamination", f"{n}-gram overlap", cluster))
+                        continue
                 weight = float(size) if cfg.weights == "preserve" else 1.0
                 rows[split].append(_doc_row(doc, weight, cluster, size))
                 counts[(split, doc.domain)] += 1

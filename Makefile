@@ -24,8 +24,8 @@ demo: $(VENV)/.installed
 	$(BIN)/ledgerlm demo
 
 lint: $(VENV)/.dev-installed
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 
 test: lint
 	$(BIN)/python -m pytest

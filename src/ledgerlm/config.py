@@ -102,7 +102,7 @@ class NearDedupConfig(_Section):
         "deriving bands x rows from the threshold (custom preset).",
     )
     num_perm: int = Field(112, ge=2, description="Permutations for the custom preset.")
-    verify: bool = Field(False, description="Check candidate pairs with exact Jaccard.")
+    verify: bool = Field(True, description="Check candidate pairs with exact Jaccard.")
     keeper: Literal["first", "longest", "newest"] = Field(
         "first", description="Which document of a cluster is kept; ties go to the smallest id."
     )

@@ -158,3 +158,45 @@ def test_run_stores_the_resolved_recipe(tiny_workspace):
     assert 'name = "tiny"' in stored and "rope_theta" in stored
     assert s["run"]["recipe"]["model"]["d_model"] == 64
     assert (ROOT / "configs" / "demo.toml").is_file()
+
+
+def test_data_prepare_on_jsonl_shows_funnel_groups_clusters_and_drops(tmp_path):
+    rows = [
+        {"id": f"d{i}", "text": f"unique body {i} " + " ".join(f"w{i}x{j}" for j in range(40))}
+        for i in range(20)
+    ]
+    rows += [{"id": "dup", "text": rows[0]["text"].upper()}, {"id": "tiny", "text": "hi"}]
+    lines = [json.dumps(r) for r in rows] + ["{broken"]
+    (tmp_path / "c.jsonl").write_text("\n".join(lines) + "\n")
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(
+        f'[data]\nsources = [{{path = "{tmp_path / "c.jsonl"}", domain = "web"}}]\n'
+        "val_fraction = 0.2\n"
+    )
+    out = ledgerlm(
+        "data",
+        "prepare",
+        str(recipe),
+        "-w",
+        str(tmp_path / "ws"),
+        "--executor",
+        "local",
+        "--workers",
+        "1",
+    ).stdout
+    version = out.split("data version ")[1].split()[0]
+    m = json.loads(
+        ledgerlm("data", "inspect", version, "-w", str(tmp_path / "ws"), "--json").stdout
+    )
+    c = m["counts"]
+    assert c["conservation"] == "23 = 20 kept + 2 dropped + 1 quarantined"
+    assert c["quarantined_by_reason"] == {"bad_json": 1}
+    assert m["clusters"]["top"] == [{"cluster_id": "d0", "size": 2, "members": ["d0", "dup"]}]
+    assert {(d["step"], d["reason"], d["id"]) for d in m["sample_drops"]} == {
+        ("exact_dedup", "duplicate", "dup"),
+        ("length", "too_short", "tiny"),
+    }
+    filters = next(s for s in m["steps"] if s["name"] == "filters")
+    assert any(g["docs_dropped"] == 1 and g["step"] == "length" for g in filters["groups"])
+    text = ledgerlm("data", "inspect", version, "-w", str(tmp_path / "ws")).stdout
+    assert "largest duplicate clusters" in text and "filters by group" in text

@@ -66,3 +66,41 @@ def test_train_stream_is_seeded_and_validation_is_fixed(tmp_path):
     domains = {int(d) for b in v1 for d in b.target_domains[b.loss_mask].unique()}
     assert domains == set(range(len(store.domains)))  # every domain is measured
     assert sum(int(b.valid.sum()) for b in v1) <= cfg.max_tokens + pack.seq_len
+
+
+def test_epoch_visits_follow_dedup_weights():
+    from ledgerlm.tokens.loader import epoch_order
+
+    order = epoch_order(np.array([1.0, 3.0, 1.0]), seed=0, epoch=0)
+    assert sorted(order.tolist()) == [0, 1, 1, 1, 2]
+    assert np.array_equal(order, epoch_order(np.array([1.0, 3.0, 1.0]), seed=0, epoch=0))
+    assert sorted(epoch_order(np.ones(4), 0, 1).tolist()) == [0, 1, 2, 3]
+
+
+def test_preserve_weights_reach_the_token_index(tmp_path):
+    import json
+
+    from ledgerlm.config import InputConfig
+
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(500)]
+    rows = [{"id": f"d{i}", "text": " ".join(rng.choice(words, 80))} for i in range(12)]
+    rows += [{"id": f"copy{k}", "text": rows[3]["text"]} for k in range(2)]
+    (tmp_path / "c.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    cfg = DataConfig(
+        sources=[InputConfig(path=str(tmp_path / "c.jsonl"))],
+        weights="preserve",
+        val_fraction=0.3,
+        workers=1,
+    )
+    ws = Workspace(tmp_path / "ws")
+    store = TokenStore(build_tokens(prepare_data(cfg, ws), TOK, ws).path)
+    weights = dict(
+        zip(
+            store.index.column("doc_id").to_pylist(),
+            store.index.column("weight").to_pylist(),
+            strict=True,
+        )
+    )
+    assert weights["d3"] == 3.0
+    assert all(w == 1.0 for k, w in weights.items() if k != "d3")

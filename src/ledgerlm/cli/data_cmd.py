@@ -73,15 +73,16 @@ def inspect(
         return
     c = manifest["counts"]
     console.print(f"data version {manifest['version']}  ({c['conservation']})")
-    t = Table(title="funnel", show_edge=False)
+    t = Table(show_edge=False)
     for col in ("step", "documents", "detail"):
         t.add_column(col, justify="right" if col == "documents" else "left")
     for step, n, detail in funnel_rows(manifest):
         t.add_row(step, f"{n:,}", detail)
+    console.print("[bold]funnel[/]")
     console.print(t)
     groups = next(s for s in manifest["steps"] if s["name"] == "filters")["groups"]
     if groups:
-        g = Table(title="filters by group (dropped / seen documents)", show_edge=False)
+        g = Table(show_edge=False)
         for col in ("step", "source", "domain", "lang", "length", "date", "dropped", "reasons"):
             g.add_column(col)
         for row in groups:
@@ -96,14 +97,16 @@ def inspect(
                     f"{row['docs_dropped']:,}/{row['docs_seen']:,}",
                     ", ".join(f"{k} {v}" for k, v in row["reasons"].items()),
                 )
+        console.print("[bold]filters by group[/] (dropped / seen documents)")
         console.print(g)
     top = manifest["clusters"]["top"]
     if top:
-        k = Table(title="largest duplicate clusters", show_edge=False)
+        k = Table(show_edge=False)
         for col in ("kept", "size", "members"):
             k.add_column(col)
         for cl in top:
             k.add_row(cl["cluster_id"], str(cl["size"]), ", ".join(cl["members"]))
+        console.print("[bold]largest duplicate clusters[/]")
         console.print(k)
     for f in next(s for s in manifest["steps"] if s["name"] == "contamination")["files"]:
         console.print(

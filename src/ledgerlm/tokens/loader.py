@@ -11,10 +11,23 @@ from ledgerlm.tokens.packing import Batch, batches, pack_documents
 from ledgerlm.tokens.shards import TokenStore
 
 
+def epoch_order(weights: np.ndarray, seed: int, epoch: int) -> np.ndarray:
+    """Document indices of one epoch in a seeded order.
+
+    A kept document's dedup weight (1, or its cluster size under ``weights =
+    "preserve"``) is how many times the epoch visits it, so "preserve" restores the
+    distribution the corpus had before deduplication.
+    """
+    visits = np.maximum(np.rint(np.asarray(weights, dtype=np.float64)), 1).astype(np.int64)
+    return np.random.default_rng([seed, epoch]).permutation(
+        np.repeat(np.arange(len(visits)), visits)
+    )
+
+
 def train_batches(
     store: TokenStore, pack: PackConfig, batch_rows: int, seed: int
 ) -> Iterator[Batch]:
-    """An endless stream: each epoch visits every train document once, in a seeded order.
+    """An endless stream: each epoch visits every train document in a seeded order.
 
     The packed stream runs on across epoch boundaries, so no row is padded.
     """
@@ -22,10 +35,16 @@ def train_batches(
     if len(docs["length"]) == 0:
         raise ValueError("train split is empty")
 
+    # A kept document's dedup weight (1, or its cluster size under "preserve") is how
+    # many times an epoch visits it, so "preserve" restores the pre-dedup distribution.
+    visits = np.repeat(
+        np.arange(len(docs["length"])), np.maximum(np.rint(docs["weight"]), 1).astype(int)
+    )
+
     def documents():
         epoch = 0
         while True:
-            for i in np.random.default_rng([seed, epoch]).permutation(len(docs["length"])):
+            for i in np.random.default_rng([seed, epoch]).permutation(visits):
                 tokens = store.tokens(
                     docs["shard"][i], int(docs["offset"][i]), int(docs["length"][i])
                 )

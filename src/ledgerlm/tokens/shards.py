@@ -41,6 +41,7 @@ INDEX_SCHEMA = pa.schema(
         ("shard", pa.string()),
         ("offset", pa.int64()),
         ("length", pa.int64()),
+        ("weight", pa.float64()),
     ]
 )
 
@@ -86,9 +87,15 @@ def build_tokens(
                     for table in iter_split(data.path, data.manifest, split):
                         texts = table.column("text").to_pylist()
                         encodings = tok.encode_batch(texts, add_special_tokens=False)
-                        for doc_id, domain, enc in zip(
+                        weights = (
+                            table.column("weight").to_pylist()
+                            if "weight" in table.column_names
+                            else [1.0] * len(texts)
+                        )
+                        for doc_id, domain, weight, enc in zip(
                             table.column("id").to_pylist(),
                             table.column("domain").to_pylist(),
+                            weights,
                             encodings,
                             strict=True,
                         ):
@@ -102,6 +109,7 @@ def build_tokens(
                                     "shard": shard,
                                     "offset": offset,
                                     "length": len(ids),
+                                    "weight": weight,
                                 }
                             )
                             offset += len(ids)
@@ -172,6 +180,7 @@ class TokenStore:
             "offset": table.column("offset").to_numpy(),
             "length": table.column("length").to_numpy(),
             "domain": np.asarray([domain_id[d] for d in table.column("domain").to_pylist()]),
+            "weight": table.column("weight").to_numpy(),
         }
 
     def tokens(self, shard: str, offset: int, length: int) -> np.ndarray:

@@ -104,7 +104,8 @@ class NearDedupConfig(_Section):
     num_perm: int = Field(112, ge=2, description="Permutations for the custom preset.")
     verify: bool = Field(True, description="Check candidate pairs with exact Jaccard.")
     keeper: Literal["first", "longest", "newest"] = Field(
-        "first", description="Which document of a cluster is kept; ties go to the smallest id."
+        "first",
+        description="Which document of a cluster is kept; ties go to the earliest in input order.",
     )
     partitions: int = Field(16, ge=1, description="Hash partitions of the edge files.")
     seed: int = 1
@@ -201,6 +202,42 @@ class TrainConfig(_Section):
     eps: float = Field(1e-8, gt=0)
     grad_clip: float = Field(1.0, ge=0, description="Max global grad norm; 0 disables clipping.")
     threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = all cores.")
+    objective: Literal["token_mean", "sequence_mean"] = Field(
+        "token_mean",
+        description="token_mean: sum over supervised targets / their count; sequence_mean: "
+        "per-row token mean, then the mean over rows.",
+    )
+    empty_rows: Literal["exclude", "zero"] = Field(
+        "exclude",
+        description="sequence_mean: a row without targets is left out of the row count "
+        "(exclude) or counted with loss 0 (zero).",
+    )
+    optimizer: Literal["adamw", "muon"] = Field(
+        "adamw", description="muon: Muon for 2-D hidden matrices, AdamW for the rest."
+    )
+    muon_lr: float = Field(0.02, gt=0)
+    schedule: Literal["cosine", "linear", "wsd", "constant"] = Field(
+        "cosine", description="Shape after warmup; wsd = warmup, stable, then linear decay."
+    )
+    schedule_unit: Literal["steps", "tokens"] = Field(
+        "steps", description="Warmup and decay are measured in optimizer steps or in tokens."
+    )
+    warmup_tokens: int = Field(0, ge=0, description="Warmup length when schedule_unit = tokens.")
+    schedule_tokens: int | None = Field(
+        None, ge=1, description="Schedule length when schedule_unit = tokens."
+    )
+    decay_fraction: float = Field(
+        0.2, gt=0, le=1, description="wsd: share of the schedule spent decaying."
+    )
+    nonfinite: Literal["stop", "skip"] = Field(
+        "stop", description="On a NaN/inf loss or gradient: stop the run, or skip the update."
+    )
+
+    @model_validator(mode="after")
+    def _token_schedule_has_length(self) -> TrainConfig:
+        if self.schedule_unit == "tokens" and self.schedule_tokens is None:
+            raise ValueError("schedule_unit = 'tokens' needs schedule_tokens")
+        return self
 
 
 class EvalConfig(_Section):

@@ -36,6 +36,22 @@ def content_hash(*parts: Any, length: int = 16) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:length]
 
 
+class RecordHasher:
+    """sha256 over records of string fields, separated so ("ab", "c") != ("a", "bc")."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+
+    def put(self, *parts: str) -> None:
+        for part in parts:
+            self._h.update(part.encode("utf-8", "surrogatepass"))
+            self._h.update(b"\0")
+        self._h.update(b"\n")
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
 def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

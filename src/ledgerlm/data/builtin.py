@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ledgerlm.config import BuiltinCorpusConfig
 from ledgerlm.data.records import Document, ReadStats
+from ledgerlm.workspace import RecordHasher
 
 # Bump when the selection rules or the math generator change, so cached versions expire.
 CORPUS_FORMAT = 1
@@ -206,14 +207,8 @@ def stdlib_fingerprint(cfg: BuiltinCorpusConfig, root: Path | None = None) -> st
     costs one read of those bytes and no decoding work beyond the UTF-8 check.
     """
     base = root if root is not None else stdlib_root()
-    h = hashlib.sha256()
-
-    def put(*parts: str) -> None:
-        for part in parts:
-            h.update(part.encode("utf-8", "surrogatepass"))
-            h.update(b"\0")
-        h.update(b"\n")
-
+    h = RecordHasher()
+    put = h.put
     put("ledgerlm.builtin", str(CORPUS_FORMAT), sys.version)
     put("config", json.dumps(cfg.model_dump(mode="json"), sort_keys=True))
     scratch = ReadStats()

@@ -32,6 +32,7 @@ import zstandard
 from ledgerlm.config import BuiltinCorpusConfig, InputConfig
 from ledgerlm.data.builtin import read_builtin, stdlib_fingerprint
 from ledgerlm.data.records import Document, ReadStats
+from ledgerlm.workspace import RecordHasher
 
 # Bump when reading rules change, so fingerprints (and caches keyed on them) expire.
 READER_FORMAT = 1
@@ -559,14 +560,8 @@ def shard_fingerprint(shard: Shard, builtin: BuiltinCorpusConfig) -> str:
     """
     if shard.format == "builtin":
         return stdlib_fingerprint(builtin)
-    h = hashlib.sha256()
-
-    def put(*parts: str) -> None:
-        for part in parts:
-            h.update(part.encode("utf-8", "surrogatepass"))
-            h.update(b"\0")
-        h.update(b"\n")
-
+    h = RecordHasher()
+    put = h.put
     domain = shard.domain if shard.domain is not None else "\0none"
     put("ledgerlm.readers", str(READER_FORMAT), shard.format, shard.source, domain)
     for name, path in _shard_files(shard):

@@ -22,6 +22,7 @@ from ledgerlm.model.gpt import GPT
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.tokens.loader import train_batches, validation_batches
 from ledgerlm.tokens.shards import TokenStore, build_tokens
+from ledgerlm.train.callbacks import ProgressCallback, StepLog
 from ledgerlm.train.checkpoint import save_checkpoint
 from ledgerlm.train.evaluate import EvalCallback, unigram_entropy
 from ledgerlm.train.loop import Trainer
@@ -37,21 +38,6 @@ class RunResult:
     summary: dict[str, Any]  # read back from the ledger
     unigram_entropy: float
     params: int
-
-
-class _ProgressCallback:
-    def __init__(self, task) -> None:
-        self.task = task
-
-    def on_train_start(self, trainer: Trainer) -> None:
-        pass
-
-    def on_step_end(self, trainer: Trainer) -> None:
-        s = trainer.state
-        self.task.advance(1, info=f"loss {s.loss:.3f} lr {s.lr:.1e}")
-
-    def on_train_end(self, trainer: Trainer) -> None:
-        pass
 
 
 def run_recipe(recipe: Recipe, workspace: Workspace, progress: Progress | None = None) -> RunResult:
@@ -109,7 +95,7 @@ def run_recipe(recipe: Recipe, workspace: Workspace, progress: Progress | None =
                 recipe.train,
                 train_batches(store, recipe.pack, recipe.train.micro_batch_rows, recipe.train.seed),
                 recipe.pack.attention,
-                callbacks=[evaluator, _ProgressCallback(task)],
+                callbacks=[StepLog(recipe.eval.every_steps), evaluator, ProgressCallback(task)],
                 clock=clock,
             )
             state = trainer.fit()

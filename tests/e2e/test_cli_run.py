@@ -200,3 +200,33 @@ def test_data_prepare_on_jsonl_shows_funnel_groups_clusters_and_drops(tmp_path):
     assert any(g["docs_dropped"] == 1 and g["step"] == "length" for g in filters["groups"])
     text = ledgerlm("data", "inspect", version, "-w", str(tmp_path / "ws")).stdout
     assert "largest duplicate clusters" in text and "filters by group" in text
+
+
+def test_export_hf_loads_in_transformers_and_refuses_to_overwrite(
+    tiny_workspace, tmp_path, monkeypatch
+):
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert "Usage" in ledgerlm("export", "hf", "--help").stdout
+    out = tmp_path / "hf"
+    ledgerlm("export", "hf", "latest", str(out), "-w", str(tiny_workspace))
+    model = transformers.LlamaForCausalLM.from_pretrained(out, local_files_only=True)
+    assert model.config.vocab_size == 512 and model.config.hidden_size == 64
+    tok = transformers.PreTrainedTokenizerFast.from_pretrained(out, local_files_only=True)
+    version = _show(tiny_workspace)["run"]["tokens_version"]
+    ours = Tokenizer.from_file(str(tiny_workspace / "tokens" / version / "tokenizer.json"))
+    text = "def add(a, b):\n    return a + b  # ünïcode"
+    assert tok(text)["input_ids"] == ours.encode(text).ids
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (
+        model.config.bos_token_id,
+        model.config.eos_token_id,
+        model.config.pad_token_id,
+    )
+
+    again = ledgerlm("export", "hf", "latest", str(out), "-w", str(tiny_workspace), check=False)
+    assert again.returncode == 2
+    lines = again.stderr.strip().splitlines()
+    assert len(lines) == 1 and "not empty" in lines[0] and "--force" in lines[0]
+    assert "Traceback" not in again.stderr

@@ -273,3 +273,27 @@ with led.phase(run, "train", step_start=0):
     assert [p["kind"] for p in summary["phases"]] == ["prep", "train"]
     assert summary["phases"][1]["ended_at"] is None
     assert summary["total_seconds"] == pytest.approx(1.5)
+
+
+def test_steps_are_stored_per_update_and_summarized(tmp_path):
+    with Ledger(tmp_path / "l.db") as ledger:
+        run = ledger.create_run("r", {}, target_metric="loss", target_value=1.0, eval_every=2)
+        rows = [
+            {
+                "step": i,
+                "tokens": 100,
+                "targets": 90 + i,
+                "loss": 3.0 - i / 10,
+                "grad_norm": 1.0,
+                "lr": 1e-3,
+            }
+            for i in (1, 2, 3)
+        ]
+        ledger.add_steps(run, rows[:2])
+        ledger.add_steps(run, rows[2:])
+        assert [r["step"] for r in ledger.steps(run)] == [1, 2, 3]
+        assert ledger.run_summary(run)["steps_recorded"] == {
+            "updates": 3,
+            "tokens": 300,
+            "targets": 276,
+        }

@@ -5,7 +5,7 @@ import torch
 
 from ledgerlm.config import TrainConfig
 from ledgerlm.train.loss import NoTargetsError, cross_entropy_sum, token_mean_loss
-from ledgerlm.train.optim import build_optimizer, lr_at, param_groups
+from ledgerlm.train.optim import MultiOptimizer, build_optimizer, lr_at, param_groups
 
 
 def test_seed_l1_cross_entropy_is_stable_for_large_logits():
@@ -58,3 +58,80 @@ def test_seed_l5_linear_warmup_is_at_half_peak_halfway():
     assert lr_at(5500, cfg) == pytest.approx(0.55)  # cosine midpoint between peak and floor
     with pytest.raises(ValueError):
         lr_at(0, cfg)
+
+
+def _tiny_gpt(tie: bool = True):
+    from ledgerlm.config import ModelConfig
+    from ledgerlm.model.gpt import GPT
+
+    torch.manual_seed(0)
+    return GPT(ModelConfig(d_model=16, n_layers=2, n_heads=2, tie_embeddings=tie), 40)
+
+
+def test_adamw_is_the_default_and_each_group_keeps_its_peak():
+    model = _tiny_gpt()
+    opt = build_optimizer(model, TrainConfig(lr=0.01))
+    assert isinstance(opt, torch.optim.AdamW)
+    assert [g["base_lr"] for g in opt.param_groups] == [0.01, 0.01]
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_muon_takes_block_matrices_and_adamw_the_rest(tie):
+    model = _tiny_gpt(tie)
+    opt = build_optimizer(model, TrainConfig(optimizer="muon", lr=1e-3, muon_lr=0.02))
+    assert isinstance(opt, MultiOptimizer)
+    assert isinstance(opt.optimizers["muon"], torch.optim.Muon)
+    assert isinstance(opt.optimizers["adamw"], torch.optim.AdamW)
+    names = {id(p): n for n, p in model.named_parameters()}
+    muon = [names[id(p)] for g in opt.optimizers["muon"].param_groups for p in g["params"]]
+    adamw = [names[id(p)] for g in opt.optimizers["adamw"].param_groups for p in g["params"]]
+    assert set(muon) == {n for n, p in model.named_parameters() if "blocks." in n and p.dim() == 2}
+    assert len(muon) == 2 * 7  # q, k, v, o, gate, up, down per block
+    assert "embed.weight" in adamw and "norm.weight" in adamw
+    assert any("attn_norm" in n for n in adamw) and ("lm_head.weight" in adamw) != tie
+    assert sorted(muon + adamw) == sorted(names.values())  # every parameter exactly once
+    peak = {g["base_lr"]: n for n, o in opt.optimizers.items() for g in o.param_groups}
+    assert peak == {0.02: "muon", 1e-3: "adamw"}
+    # the loop sees every group; the decay group is empty (its matrices went to Muon)
+    assert len(opt.param_groups) == 2
+
+
+def test_muon_training_decreases_the_loss_on_a_repeated_batch():
+    import itertools
+
+    import numpy as np
+
+    from ledgerlm.tokens.packing import batches, pack_documents
+    from ledgerlm.train.loop import Trainer
+
+    rng = np.random.default_rng(0)
+    docs = [(rng.integers(3, 40, size=12), 0) for _ in range(8)]
+    batch = next(batches(pack_documents(docs, 17, 1, 2, 0), 8))
+    model = _tiny_gpt()
+    cfg = TrainConfig(
+        optimizer="muon", lr=3e-3, muon_lr=0.02, warmup_steps=0, schedule="constant", max_steps=20
+    )
+    trainer = Trainer(model, build_optimizer(model, cfg), cfg, itertools.repeat(batch), "isolated")
+    before = [p.detach().clone() for p in model.parameters()]
+    state = trainer.fit()
+    losses = [r.loss for r in state.history]
+    assert state.step == 20 and losses[-1] < losses[0] - 0.5
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_multi_optimizer_state_round_trips():
+    model = _tiny_gpt()
+    cfg = TrainConfig(optimizer="muon")
+    opt = build_optimizer(model, cfg)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    state = opt.state_dict()
+    assert set(state) == {"adamw", "muon"}
+    other = build_optimizer(model, cfg)
+    other.load_state_dict(state)
+    assert other.state_dict()["muon"]["state"].keys() == state["muon"]["state"].keys()
+    opt.zero_grad()
+    assert all(p.grad is None for p in model.parameters())
+    with pytest.raises(ValueError):
+        other.load_state_dict({"adamw": state["adamw"]})

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ledgerlm.cli import config_cmd, data_cmd, ledger_cmd
+from ledgerlm.cli import config_cmd, data_cmd, export_cmd, ledger_cmd
 from ledgerlm.cli.recipes import shipped_recipe
 from ledgerlm.cli.render import (
     counters_table,
@@ -33,6 +33,7 @@ app = typer.Typer(
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(data_cmd.app, name="data")
 app.add_typer(ledger_cmd.app, name="ledger")
+app.add_typer(export_cmd.app, name="export")
 
 
 def _print_result(result: RunResult) -> None:

@@ -46,6 +46,10 @@ CREATE TABLE IF NOT EXISTS evaluations (
 CREATE TABLE IF NOT EXISTS counters (
     run_id TEXT REFERENCES runs(id), name TEXT, value REAL, PRIMARY KEY (run_id, name)
 );
+CREATE TABLE IF NOT EXISTS steps (
+    run_id TEXT REFERENCES runs(id), step INTEGER, tokens INTEGER, targets INTEGER,
+    loss REAL, grad_norm REAL, lr REAL, PRIMARY KEY (run_id, step)
+);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT REFERENCES runs(id),
     step INTEGER NULL, kind TEXT, message TEXT, created_at REAL
@@ -360,6 +364,43 @@ class Ledger:
                 [(run_id, str(name), float(value)) for name, value in counters.items()],
             )
 
+    def add_steps(self, run_id: str, rows: list[dict[str, float]]) -> None:
+        """Per-update records (tokens and targets of that update, loss, grad norm, lr).
+
+        Callers buffer rows and write them in one transaction per evaluation interval,
+        so recording every update costs one commit per interval, not per step.
+        """
+        if not rows:
+            return
+        self._require_run(run_id)
+        with self._write() as conn:
+            conn.executemany(
+                "INSERT OR REPLACE INTO steps(run_id, step, tokens, targets, loss, grad_norm, lr)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        run_id,
+                        int(r["step"]),
+                        int(r["tokens"]),
+                        int(r["targets"]),
+                        float(r["loss"]),
+                        float(r["grad_norm"]),
+                        float(r["lr"]),
+                    )
+                    for r in rows
+                ],
+            )
+
+    def steps(self, run_id: str) -> list[dict[str, Any]]:
+        return [
+            dict(r)
+            for r in self._conn.execute(
+                "SELECT step, tokens, targets, loss, grad_norm, lr FROM steps"
+                " WHERE run_id = ? ORDER BY step",
+                (run_id,),
+            )
+        ]
+
     def add_event(self, run_id: str, kind: str, message: str, step: int | None = None) -> None:
         self._require_run(run_id)
         self._conn.execute(
@@ -410,6 +451,11 @@ class Ledger:
             )
         ]
         verdict = time_to_target(phases, evaluations, run["target_metric"], run["target_value"])
+        recorded = self._conn.execute(
+            "SELECT COUNT(*), COALESCE(SUM(tokens), 0), COALESCE(SUM(targets), 0)"
+            " FROM steps WHERE run_id = ?",
+            (run_id,),
+        ).fetchone()
         return {
             "run": run,
             "phases": phases,
@@ -418,5 +464,10 @@ class Ledger:
             "counters": counters,
             "evaluations": evaluations,
             "events": events,
+            "steps_recorded": {
+                "updates": recorded[0],
+                "tokens": recorded[1],
+                "targets": recorded[2],
+            },
             "time_to_target": verdict.to_dict(),
         }

@@ -4,18 +4,24 @@ non-finite guard, and callbacks for everything else (evaluation, ledger, progres
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
 from ledgerlm.config import TrainConfig
 from ledgerlm.ledger.clock import PhaseClock
 from ledgerlm.tokens.packing import Batch
-from ledgerlm.train.loss import NoTargetsError, cross_entropy_sum
-from ledgerlm.train.optim import lr_at
+from ledgerlm.train.loss import (
+    NoTargetsError,
+    masked_target_loss,
+    objective_denominator,
+    objective_terms,
+)
+from ledgerlm.train.optim import Optimizer, lr_factor, schedule_position
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -23,14 +29,33 @@ class NonFiniteLossError(FloatingPointError):
 
 
 @dataclass
+class StepRecord:
+    """What one optimizer step saw; a skipped step keeps the data it consumed."""
+
+    step: int
+    loss: float
+    grad_norm: float  # before clipping
+    lr: float
+    tokens: int
+    targets: int
+    denominator: int
+    skipped: bool = False
+
+
+@dataclass
 class TrainState:
     step: int = 0  # optimizer updates done
-    tokens: int = 0  # real (non-padding) input tokens consumed
-    targets: int = 0  # supervised targets trained on
+    tokens: int = 0  # real (non-padding) input tokens consumed, skipped steps included
+    targets: int = 0  # supervised targets trained on (applied updates only)
     rows: int = 0
-    loss: float = math.nan  # loss of the last update (global token mean)
+    loss: float = math.nan  # objective of the last update (global numerator / denominator)
     grad_norm: float = math.nan  # before clipping
-    lr: float = 0.0
+    lr: float = 0.0  # lr of the first parameter group at the last update
+    step_tokens: int = 0  # tokens of the last update
+    step_targets: int = 0  # supervised targets of the last update
+    denominator: int = 0  # the objective's global denominator of the last update
+    skipped_steps: int = 0  # non-finite steps dropped under nonfinite = "skip"
+    history: list[StepRecord] = field(default_factory=list)
     should_stop: bool = False
     stop_reason: str = ""
 
@@ -40,6 +65,7 @@ class TrainState:
             "tokens": self.tokens,
             "supervised_targets": self.targets,
             "rows": self.rows,
+            "skipped_updates": self.skipped_steps,
         }
 
 
@@ -49,64 +75,133 @@ class Callback(Protocol):
     def on_train_end(self, trainer: Trainer) -> None: ...
 
 
+def _number(x: float) -> float | str:
+    return x if math.isfinite(x) else str(x)
+
+
+def describe_batches(micro: Sequence[Batch]) -> dict[str, Any]:
+    """Which data a step saw: enough to find and replay the offending rows."""
+    domains = sorted({int(d) for mb in micro for d in mb.target_domains[mb.loss_mask].tolist()})
+    segments = torch.cat([mb.doc_ids[mb.doc_ids >= 0] for mb in micro])
+    return {
+        "rows": sum(mb.input_ids.shape[0] for mb in micro),
+        "targets": sum(mb.num_targets for mb in micro),
+        "target_domains": domains,
+        "segments": [int(segments.min()), int(segments.max())] if segments.numel() else [],
+    }
+
+
 class Trainer:
-    """Runs optimizer updates until ``max_steps`` or until a callback asks to stop."""
+    """Runs optimizer updates until ``max_steps`` or until a callback asks to stop.
+
+    Under ``nonfinite = "skip"`` a run of ``max_consecutive_skips`` non-finite
+    steps still stops it: a model that is broken for good must not loop forever.
+    """
 
     def __init__(
         self,
         model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
+        optimizer: Optimizer,
         cfg: TrainConfig,
         batches: Iterator[Batch],
         attention: str,
         callbacks: Sequence[Callback] = (),
         clock: PhaseClock | None = None,
+        max_consecutive_skips: int = 100,
     ) -> None:
         self.model, self.optimizer, self.cfg = model, optimizer, cfg
         self.batches, self.attention = batches, attention
         self.callbacks = list(callbacks)
         self.clock = clock
         self.state = TrainState()
+        self.events: list[dict[str, Any]] = []
+        self.max_consecutive_skips = max_consecutive_skips
+        self._consecutive_skips = 0
+        for group in self.optimizer.param_groups:  # a plain optimizer's lr is its peak
+            group.setdefault("base_lr", group["lr"])
 
     def train_step(self) -> float:
         """One optimizer update over ``grad_accum`` micro-batches.
 
-        Each micro-batch contributes sum(loss) / N where N counts the supervised
-        targets of the whole update, so the gradient equals that of one big batch
-        whatever the split.
+        The step's denominator depends only on the label masks, so it is summed
+        before any forward; each micro-batch then backpropagates its numerator /
+        that global denominator, and the gradient equals that of one big batch
+        whatever the split. Returns the step's loss (NaN/inf for a skipped step).
         """
-        micro = [next(self.batches) for _ in range(self.cfg.grad_accum)]
+        cfg, s = self.cfg, self.state
+        micro = [next(self.batches) for _ in range(cfg.grad_accum)]
+        step = s.step + 1
+        terms = (cfg.objective, cfg.empty_rows)
         n_targets = sum(mb.num_targets for mb in micro)
-        if n_targets == 0:
-            raise NoTargetsError(f"step {self.state.step + 1}: no supervised targets")
+        denominator = sum(objective_denominator(mb.loss_mask, *terms) for mb in micro)
+        if n_targets == 0 or denominator == 0:
+            raise NoTargetsError(f"step {step}: no supervised targets")
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), dtype=torch.float64)
         for mb in micro:
-            if mb.num_targets == 0:
+            if mb.num_targets == 0:  # adds 0 to the numerator; its rows are already counted
                 continue
             logits = self.model(mb.input_ids, mb.position_ids, mb.attention_mask(self.attention))
-            loss_sum, _ = cross_entropy_sum(logits, mb.targets, mb.loss_mask)
-            (loss_sum / n_targets).backward()
-            total += loss_sum.detach().double()
-        loss = float(total / n_targets)
+            per_target = masked_target_loss(logits, mb.targets, mb.loss_mask)
+            numerator, _ = objective_terms(per_target, mb.loss_mask, *terms)
+            (numerator / denominator).backward()
+            total += numerator.detach().double()
+        loss = float(total / denominator)
         grad_norm = float(
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip or math.inf)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or math.inf)
         )
-        step = self.state.step + 1
-        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            raise NonFiniteLossError(f"step {step}: loss={loss} grad_norm={grad_norm}")
-        lr = lr_at(step, self.cfg)
+        factor = lr_factor(schedule_position(cfg, step, s.tokens), cfg)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.step()
-
-        s = self.state
-        s.step, s.loss, s.grad_norm, s.lr = step, loss, grad_norm, lr
-        s.targets += n_targets
-        s.tokens += sum(int(mb.valid.sum()) for mb in micro)
+            group["lr"] = group["base_lr"] * factor
+        lr = float(self.optimizer.param_groups[0]["lr"]) if self.optimizer.param_groups else 0.0
+        record = StepRecord(
+            step=step,
+            loss=loss,
+            grad_norm=grad_norm,
+            lr=lr,
+            tokens=sum(int(mb.valid.sum()) for mb in micro),
+            targets=n_targets,
+            denominator=denominator,
+        )
+        finite = math.isfinite(loss) and math.isfinite(grad_norm)
+        if not finite:
+            self._non_finite(record, micro)
+        else:
+            self._consecutive_skips = 0
+            self.optimizer.step()
+            s.step, s.loss, s.grad_norm, s.lr = step, loss, grad_norm, lr
+            s.step_tokens, s.step_targets, s.denominator = record.tokens, n_targets, denominator
+            s.targets += n_targets
+        s.tokens += record.tokens
         s.rows += sum(mb.input_ids.shape[0] for mb in micro)
+        s.history.append(record)
         return loss
+
+    def _non_finite(self, record: StepRecord, micro: Sequence[Batch]) -> None:
+        """Log the step and its data, then stop, or drop the update and move on."""
+        event = {
+            "step": record.step,
+            "loss": _number(record.loss),
+            "grad_norm": _number(record.grad_norm),
+            "policy": self.cfg.nonfinite,
+            **describe_batches(micro),
+        }
+        self.events.append(event)
+        message = json.dumps(event)
+        if self.clock:
+            self.clock.ledger.add_event(self.clock.run_id, "nonfinite", message, step=record.step)
+        self._consecutive_skips += 1
+        if self.cfg.nonfinite == "stop":
+            raise NonFiniteLossError(f"step {record.step}: non-finite values: {message}")
+        if self._consecutive_skips >= self.max_consecutive_skips:
+            raise NonFiniteLossError(
+                f"step {record.step}: {self._consecutive_skips} non-finite steps in a row: "
+                + message
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+        record.skipped = True
+        self.state.skipped_steps += 1
 
     def fit(self) -> TrainState:
         if self.clock:
@@ -115,7 +210,10 @@ class Trainer:
             for cb in self.callbacks:
                 cb.on_train_start(self)
             while self.state.step < self.cfg.max_steps and not self.state.should_stop:
+                before = self.state.step
                 self.train_step()
+                if self.state.step == before:  # skipped: nothing new to evaluate or report
+                    continue
                 for cb in self.callbacks:
                     cb.on_step_end(self)
             if not self.state.stop_reason:

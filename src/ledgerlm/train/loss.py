@@ -1,14 +1,25 @@
-"""Next-token cross-entropy with an explicit denominator.
+"""Next-token cross-entropy and the two training objectives, with explicit denominators.
 
-The loss of an optimizer step is (sum of per-target losses over every
-micro-batch) / (number of supervised targets in the whole step). Functions here
-return the sum and the count separately so the caller owns the denominator.
+The loss of an optimizer step is (sum of numerators over every micro-batch) /
+(sum of denominators). Functions here return the numerator and the denominator
+separately so the caller owns the denominator of the whole step: the result is
+then the same whatever the micro-batch split.
+
+Objectives (any per-target loss, not only cross-entropy):
+
+- ``token_mean``: numerator = sum of supervised losses, denominator = their count.
+- ``sequence_mean``: numerator = sum over rows of (row loss sum / row target count);
+  the denominator counts the rows with targets (``empty_rows="exclude"``) or every
+  row, a row without targets adding 0 to the numerator (``empty_rows="zero"``).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+OBJECTIVES = ("token_mean", "sequence_mean")
+EMPTY_ROW_POLICIES = ("exclude", "zero")
 
 
 def _upcast(x: torch.Tensor) -> torch.Tensor:
@@ -44,6 +55,72 @@ def per_target_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     ).view(targets.shape)
 
 
-def token_mean_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor):
+def masked_target_loss(
+    logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor
+) -> torch.Tensor:
+    """-log p(target) at supervised positions and exactly 0 elsewhere, shape targets.shape.
+
+    Scoring only the supervised positions keeps padding free of vocabulary-sized
+    work, and a non-finite logit at an unsupervised position can reach neither the
+    loss nor the gradient.
+    """
+    mask = loss_mask.bool()
+    flat = _upcast(logits.reshape(-1, logits.shape[-1])[mask.reshape(-1)])
+    scored = F.cross_entropy(flat, targets.reshape(-1)[mask.reshape(-1)], reduction="none")
+    return scored.new_zeros(targets.shape).masked_scatter(mask, scored)
+
+
+def _check(objective: str, empty_rows: str) -> None:
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r} ({' | '.join(OBJECTIVES)})")
+    if empty_rows not in EMPTY_ROW_POLICIES:
+        raise ValueError(f"unknown empty_rows {empty_rows!r} ({' | '.join(EMPTY_ROW_POLICIES)})")
+
+
+def objective_denominator(loss_mask: torch.Tensor, objective: str, empty_rows: str) -> int:
+    """The denominator needs only the label mask, so a step knows it before any forward."""
+    _check(objective, empty_rows)
+    mask = loss_mask.bool()
+    if objective == "token_mean":
+        return int(mask.sum())
+    rows = mask.reshape(-1, mask.shape[-1])
+    return int(rows.any(-1).sum()) if empty_rows == "exclude" else rows.shape[0]
+
+
+def objective_terms(
+    per_target: torch.Tensor, loss_mask: torch.Tensor, objective: str, empty_rows: str
+) -> tuple[torch.Tensor, int]:
+    """(numerator, denominator) of one micro-batch; rows are the last axis of (..., T).
+
+    Unsupervised positions are selected out (not multiplied by 0), so an inf or
+    NaN there cannot leak into the numerator.
+    """
+    denominator = objective_denominator(loss_mask, objective, empty_rows)
+    mask = loss_mask.bool()
+    losses = torch.where(mask, per_target, torch.zeros((), dtype=per_target.dtype))
+    if objective == "token_mean":
+        return losses.sum(), denominator
+    row_sum = losses.reshape(-1, losses.shape[-1]).sum(-1)
+    row_count = mask.reshape(-1, mask.shape[-1]).sum(-1).clamp(min=1)
+    return (row_sum / row_count).sum(), denominator
+
+
+def objective_loss(
+    per_target: torch.Tensor, loss_mask: torch.Tensor, objective: str, empty_rows: str
+) -> torch.Tensor:
+    """The objective of one batch taken alone (numerator / denominator).
+
+    A batch without any supervised target is an error under every policy: even
+    with ``empty_rows="zero"`` its loss would be a meaningless 0.
+    """
+    numerator, denominator = objective_terms(per_target, loss_mask, objective, empty_rows)
+    if not bool(loss_mask.any()):
+        raise NoTargetsError(f"{objective}: batch has no supervised targets")
+    return numerator / denominator
+
+
+def token_mean_loss(
+    logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor
+) -> torch.Tensor:
     total, count = cross_entropy_sum(logits, targets, loss_mask)
     return total / count

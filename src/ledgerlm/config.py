@@ -232,6 +232,13 @@ class TrainConfig(_Section):
     nonfinite: Literal["stop", "skip"] = Field(
         "stop", description="On a NaN/inf loss or gradient: stop the run, or skip the update."
     )
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32", description="bf16: forward and backward under bf16 autocast; weights stay fp32."
+    )
+    compile: bool = Field(False, description="Run the model through torch.compile.")
+    checkpoint_every: int = Field(
+        0, ge=0, description="Save a resumable checkpoint every N updates; 0 = only at the end."
+    )
 
     @model_validator(mode="after")
     def _token_schedule_has_length(self) -> TrainConfig:

@@ -3,30 +3,40 @@
 The run is created in the ledger before any work, so the preparation time of
 this run is part of its bill. A reused data or token version costs only the
 time to find it; the manifest keeps what building it originally cost.
+
+A run killed mid-training continues with ``resume_run``: the same ledger run,
+reopened as ``running``, restored from its last checkpoint (a ``restore`` phase)
+and trained on, making bitwise the updates the uninterrupted run would have made.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from ledgerlm.config import Recipe, recipe_to_toml
+from ledgerlm.config import Recipe, TrainConfig, load_recipe, recipe_to_toml
 from ledgerlm.data.pipeline import prepare_data
 from ledgerlm.ledger.clock import PhaseClock
-from ledgerlm.ledger.store import Ledger
+from ledgerlm.ledger.store import Ledger, LedgerError
 from ledgerlm.model.gpt import GPT
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.tokens.loader import train_batches, validation_batches
 from ledgerlm.tokens.shards import TokenStore, build_tokens
 from ledgerlm.train.callbacks import ProgressCallback, StepLog
-from ledgerlm.train.checkpoint import save_checkpoint
+from ledgerlm.train.checkpoint import STATE, resolve_checkpoint
 from ledgerlm.train.evaluate import EvalCallback, unigram_entropy
-from ledgerlm.train.loop import Trainer
-from ledgerlm.train.optim import build_optimizer
+from ledgerlm.train.loop import Trainer, TrainState
+from ledgerlm.train.optim import Optimizer, build_optimizer
+from ledgerlm.train.resume import CheckpointCallback, ResumedEval, load_training, save_training
 from ledgerlm.workspace import BuiltVersion, Workspace, atomic_write_text
 
 
@@ -40,6 +50,85 @@ class RunResult:
     params: int
 
 
+def _determinism(train: TrainConfig) -> None:
+    """Seed, thread count and deterministic kernels: fixed per recipe and machine, so a
+    resumed run repeats the uninterrupted run's float operations in the same order."""
+    torch.manual_seed(train.seed)
+    torch.set_num_threads(train.threads or os.cpu_count() or 1)
+    torch.use_deterministic_algorithms(True)
+
+
+@contextmanager
+def _run_lock(run_dir: Path) -> Iterator[None]:
+    """One process trains a run at a time; the kernel drops the lock when it dies."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LedgerError(f"run {run_dir.name} is being trained by another process") from None
+        yield
+
+
+@contextmanager
+def _failing(ledger: Ledger, clock: PhaseClock, run_id: str) -> Iterator[None]:
+    """Any error (Ctrl-C included) closes the open phase and marks the run failed."""
+    try:
+        yield
+    except BaseException as exc:
+        clock.stop()
+        ledger.add_event(run_id, "error", f"{type(exc).__name__}: {exc}")
+        ledger.finish_run(run_id, "failed")
+        raise
+
+
+def _validation(ledger: Ledger, run_id: str, store: TokenStore, recipe: Recipe):
+    with ledger.phase(run_id, "eval", what="build validation set"):
+        val = validation_batches(store, recipe.pack, recipe.eval, recipe.train.micro_batch_rows)
+        return val, unigram_entropy(val)
+
+
+def _train(
+    ledger: Ledger,
+    clock: PhaseClock,
+    folder: Path,
+    recipe: Recipe,
+    parts: tuple[torch.nn.Module, Optimizer, Any, EvalCallback],
+    progress: Progress,
+    resumed: dict[str, Any] | None = None,
+) -> TrainState:
+    """Train to max_steps or the target, checkpointing every ``checkpoint_every`` updates
+    and at the end; ``resumed`` is the trainer state of the checkpoint resumed from."""
+    model, optimizer, stream, evaluator = parts
+    run_id = clock.run_id
+    extra = {"run_id": run_id, "recipe_sha256": recipe.digest()}
+    with progress.task("train", total=recipe.train.max_steps) as task:
+        trainer = Trainer(
+            model,
+            optimizer,
+            recipe.train,
+            stream,
+            recipe.pack.attention,
+            callbacks=[
+                StepLog(recipe.eval.every_steps),
+                evaluator,
+                ProgressCallback(task),
+                CheckpointCallback(folder, recipe.train.checkpoint_every, extra),
+            ],
+            clock=clock,
+        )
+        if resumed is not None:
+            trainer.load_state_dict(resumed)
+            task.advance(trainer.state.step)
+        state = trainer.fit()
+    ledger.set_counters(run_id, state.counters())
+    ledger.add_event(run_id, "train_end", state.stop_reason, step=state.step)
+    with ledger.phase(run_id, "checkpoint", step_start=state.step):
+        save_training(folder, trainer, extra)
+    ledger.finish_run(run_id, "reached" if evaluator.reached_step is not None else "not reached")
+    return state
+
+
 def run_recipe(recipe: Recipe, workspace: Workspace, progress: Progress | None = None) -> RunResult:
     progress = progress or NullProgress()
     ledger = Ledger(workspace.ledger_path)
@@ -51,77 +140,121 @@ def run_recipe(recipe: Recipe, workspace: Workspace, progress: Progress | None =
         eval_every=recipe.eval.every_steps,
     )
     clock = PhaseClock(ledger, run_id)
+    run_dir = workspace.run_dir(run_id)
     try:
-        atomic_write_text(workspace.run_dir(run_id) / "recipe.toml", recipe_to_toml(recipe))
-        with ledger.phase(run_id, "prep") as ph:
-            data = prepare_data(recipe.data, workspace, progress)
-            ph.detail.update(
-                version=data.version,
-                reused=data.reused,
-                built_seconds=data.build_seconds,
-            )
-        with ledger.phase(run_id, "tokenize") as ph:
-            tokens = build_tokens(data, recipe.tokenizer, workspace, progress)
-            ph.detail.update(
-                version=tokens.version,
-                reused=tokens.reused,
-                built_seconds=tokens.build_seconds,
-            )
-        ledger.set_versions(run_id, data_version=data.version, tokens_version=tokens.version)
+        with _failing(ledger, clock, run_id), _run_lock(run_dir):
+            atomic_write_text(run_dir / "recipe.toml", recipe_to_toml(recipe))
+            with ledger.phase(run_id, "prep") as ph:
+                data = prepare_data(recipe.data, workspace, progress)
+                ph.detail.update(
+                    version=data.version, reused=data.reused, built_seconds=data.build_seconds
+                )
+            with ledger.phase(run_id, "tokenize") as ph:
+                tokens = build_tokens(data, recipe.tokenizer, workspace, progress)
+                ph.detail.update(
+                    version=tokens.version,
+                    reused=tokens.reused,
+                    built_seconds=tokens.build_seconds,
+                )
+            ledger.set_versions(run_id, data_version=data.version, tokens_version=tokens.version)
 
-        torch.manual_seed(recipe.train.seed)
-        torch.set_num_threads(recipe.train.threads or os.cpu_count() or 1)
-        store = TokenStore(tokens.path)
-        with ledger.phase(run_id, "eval", what="build validation set"):
-            val = validation_batches(store, recipe.pack, recipe.eval, recipe.train.micro_batch_rows)
-            entropy = unigram_entropy(val)
-        contract = {
-            "metric": "loss",
-            "unit": "nat/token",
-            "threshold": recipe.eval.target_loss,
-            "val_targets": sum(b.num_targets for b in val),
-            "val_unigram_entropy": entropy,
-            "every_steps": recipe.eval.every_steps,
-        }
-        ledger.add_event(run_id, "target_contract", json.dumps(contract))
+            _determinism(recipe.train)
+            store = TokenStore(tokens.path)
+            val, entropy = _validation(ledger, run_id, store, recipe)
+            contract = {
+                "metric": "loss",
+                "unit": "nat/token",
+                "threshold": recipe.eval.target_loss,
+                "val_targets": sum(b.num_targets for b in val),
+                "val_unigram_entropy": entropy,
+                "every_steps": recipe.eval.every_steps,
+            }
+            ledger.add_event(run_id, "target_contract", json.dumps(contract))
 
-        model = GPT(recipe.model, store.vocab_size)
-        optimizer = build_optimizer(model, recipe.train)
-        evaluator = EvalCallback(val, recipe.eval, recipe.pack.attention, store.domains)
-        with progress.task("train", total=recipe.train.max_steps) as task:
-            trainer = Trainer(
-                model,
-                optimizer,
-                recipe.train,
-                train_batches(store, recipe.pack, recipe.train.micro_batch_rows, recipe.train.seed),
-                recipe.pack.attention,
-                callbacks=[StepLog(recipe.eval.every_steps), evaluator, ProgressCallback(task)],
-                clock=clock,
-            )
-            state = trainer.fit()
-        ledger.set_counters(run_id, state.counters())
-        ledger.add_event(run_id, "train_end", state.stop_reason, step=state.step)
-
-        with ledger.phase(run_id, "checkpoint", step_start=state.step):
-            save_checkpoint(
-                workspace.run_dir(run_id) / "checkpoint",
-                model,
-                {
-                    "run_id": run_id,
-                    "step": state.step,
-                    "counters": state.counters(),
-                    "recipe_sha256": recipe.digest(),
-                },
-            )
-        ledger.finish_run(
-            run_id, "reached" if evaluator.reached_step is not None else "not reached"
-        )
+            model = GPT(recipe.model, store.vocab_size)
+            optimizer = build_optimizer(model, recipe.train)
+            t = recipe.train
+            stream = train_batches(store, recipe.pack, t.micro_batch_rows, t.seed)
+            evaluator = EvalCallback(val, recipe.eval, recipe.pack.attention, store.domains)
+            parts = (model, optimizer, stream, evaluator)
+            _train(ledger, clock, run_dir / "checkpoint", recipe, parts, progress)
         summary = ledger.run_summary(run_id)
-    except BaseException as exc:
-        clock.stop()
-        ledger.add_event(run_id, "error", f"{type(exc).__name__}: {exc}")
-        ledger.finish_run(run_id, "failed")
+    finally:
         ledger.close()
-        raise
-    ledger.close()
+    return RunResult(run_id, data, tokens, summary, entropy, model.num_params())
+
+
+def _version(workspace: Workspace, kind: str, version: str | None) -> BuiltVersion:
+    found = version and workspace.reuse(kind, version, time.perf_counter())
+    if not found:
+        raise FileNotFoundError(f"the run's {kind} version {version} is not in {workspace.root}")
+    return found
+
+
+def resume_run(workspace: Workspace, run_ref: str, progress: Progress | None = None) -> RunResult:
+    """Continue a killed or failed run from its last checkpoint, in the same ledger run.
+
+    Evaluations the run already recorded stay; a step evaluated again after the
+    restore reuses its row when the weights digest matches (see ``ResumedEval``).
+    """
+    progress = progress or NullProgress()
+    if not workspace.ledger_path.is_file():
+        raise LedgerError(f"{workspace.ledger_path}: no ledger here (run something first)")
+    ledger = Ledger(workspace.ledger_path)
+    try:
+        run_id = ledger.resolve_run(run_ref)
+        before = ledger.run_summary(run_id)
+        run = before["run"]
+        if run["status"] not in ("running", "failed"):
+            raise LedgerError(f"run {run_id} has finished ({run['status']}); nothing to resume")
+        run_dir = workspace.run_dir(run_id)
+        folder = run_dir / "checkpoint"
+        if not (resolve_checkpoint(folder) / STATE).is_file():
+            raise LedgerError(
+                f"run {run_id} left no checkpoint to resume from "
+                "(train.checkpoint_every = N saves one every N updates)"
+            )
+        clock = PhaseClock(ledger, run_id)
+        with _run_lock(run_dir):
+            ledger.finish_run(run_id, "running")
+            with _failing(ledger, clock, run_id):
+                with ledger.phase(run_id, "restore") as ph:
+                    recipe = load_recipe(run_dir / "recipe.toml")
+                    data = _version(workspace, "data", run["data_version"])
+                    tokens = _version(workspace, "tokens", run["tokens_version"])
+                    _determinism(recipe.train)
+                    store = TokenStore(tokens.path)
+                    model = GPT(recipe.model, store.vocab_size)
+                    optimizer = build_optimizer(model, recipe.train)
+                    saved = load_training(folder, model, optimizer)
+                    if saved.get("recipe_sha256") != recipe.digest():
+                        raise ValueError(f"{run_dir / 'recipe.toml'} does not match the checkpoint")
+                    t = recipe.train
+                    stream = train_batches(
+                        store, recipe.pack, t.micro_batch_rows, t.seed, cursor=saved["data"]
+                    )
+                    ph.step_end = saved["step"]
+                    ph.detail.update(step=saved["step"], cursor=saved["data"]["cursor"])
+                ledger.add_event(run_id, "resume", f"from step {saved['step']}", step=saved["step"])
+                val, entropy = _validation(ledger, run_id, store, recipe)
+                earlier = [
+                    {
+                        k: e[k]
+                        for k in ("step", "tokens", "targets", "updates", "metrics", "snapshot")
+                    }
+                    for e in before["evaluations"]
+                ]
+                evaluator = ResumedEval(
+                    val,
+                    recipe.eval,
+                    recipe.pack.attention,
+                    store.domains,
+                    earlier=earlier,
+                    step=saved["step"],
+                )
+                parts = (model, optimizer, stream, evaluator)
+                _train(ledger, clock, folder, recipe, parts, progress, saved["trainer"])
+        summary = ledger.run_summary(run_id)
+    finally:
+        ledger.close()
     return RunResult(run_id, data, tokens, summary, entropy, model.num_params())

@@ -19,7 +19,7 @@ from ledgerlm.cli.render import (
 )
 from ledgerlm.cli.ui import DEFAULT_WS, RichProgress, SetOpt, WorkspaceOpt, console, friendly_errors
 from ledgerlm.config import load_recipe
-from ledgerlm.runner import RunResult, run_recipe
+from ledgerlm.runner import RunResult, resume_run, run_recipe
 from ledgerlm.workspace import Workspace
 
 app = typer.Typer(
@@ -69,6 +69,28 @@ def run(
 ) -> None:
     """Run a recipe end to end: prepare data, tokenize, train to the target, record it all."""
     _run(recipe, workspace, set_)
+
+
+@app.command()
+@friendly_errors
+def resume(
+    run: Annotated[
+        str, typer.Argument(help="Run to continue: its id, a unique prefix, or latest.")
+    ],
+    workspace: WorkspaceOpt = DEFAULT_WS,
+) -> None:
+    """Continue a killed or failed run from its last checkpoint, in the same ledger run.
+
+    A run saves a checkpoint every N updates under --set train.checkpoint_every=N.
+
+    The run is reopened as running, a restore phase records the load, and training
+    goes on with the run's own recipe to max_steps or the target.
+
+    On the same machine the final weights are bitwise those of an uninterrupted run.
+    """
+    with RichProgress() as progress:
+        result = resume_run(Workspace(workspace), run, progress)
+    _print_result(result)
 
 
 @app.command()

@@ -1,10 +1,23 @@
-"""Checkpoints: safetensors weights plus a JSON state, published atomically.
+"""Checkpoints: safetensors tensors plus a JSON state, published atomically.
 
-Loading never unpickles anything: weights are safetensors, state is JSON.
+A checkpoint folder holds ``model.safetensors`` (weights), ``state.safetensors``
+(optimizer state tensors and the torch CPU generator state) and ``state.json``
+(everything else: optimizer scalars and structure, trainer counters, data cursor,
+recipe digest). ``state.json`` carries the sha256 of every other file and of its
+own content, and loading checks them all before touching the model.
+
+Loading never unpickles anything: tensors are safetensors, the rest is JSON.
+
+A new checkpoint is written into a hidden temporary folder and renamed into
+place; the one it replaces is first renamed to ``.<name>.previous``, so a process
+killed at any moment leaves a complete checkpoint under one of the two names
+(``resolve_checkpoint`` finds it).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -14,46 +27,193 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from ledgerlm.train.optim import MultiOptimizer, Optimizer
 from ledgerlm.workspace import atomic_write_json, file_sha256, read_json
 
 WEIGHTS = "model.safetensors"
+TENSORS = "state.safetensors"
 STATE = "state.json"
+RNG_KEY = "rng/torch_cpu"
 
 
-def save_checkpoint(folder: Path, model: torch.nn.Module, state: dict[str, Any]) -> Path:
-    """Write weights and state into a temporary folder, then rename it to ``folder``."""
+def _json_sha256(state: dict[str, Any]) -> str:
+    body = {k: v for k, v in state.items() if k != "state_sha256"}
+    blob = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _parts(optimizer: Optimizer) -> dict[str, torch.optim.Optimizer]:
+    return (
+        dict(optimizer.optimizers) if isinstance(optimizer, MultiOptimizer) else {"main": optimizer}
+    )
+
+
+def optimizer_state(optimizer: Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split an optimizer's state into flat-named tensors and a JSON-able structure.
+
+    Keys are ``optimizer/<part>/<param index>/<state key>``; ``<part>`` is the inner
+    optimizer's name in a ``MultiOptimizer`` (Muon + AdamW), else ``main``.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    structure: dict[str, Any] = {}
+    for name, opt in _parts(optimizer).items():
+        sd = opt.state_dict()
+        per_param: dict[str, Any] = {}
+        for idx, entry in sd["state"].items():
+            values, keys = {}, []
+            for key, value in entry.items():
+                if isinstance(value, torch.Tensor):
+                    tensors[f"optimizer/{name}/{idx}/{key}"] = value.detach().cpu().contiguous()
+                    keys.append(key)
+                else:
+                    values[key] = value
+            per_param[str(idx)] = {"tensors": keys, "values": values}
+        structure[name] = {"param_groups": sd["param_groups"], "state": per_param}
+    return tensors, structure
+
+
+def load_optimizer_state(
+    optimizer: Optimizer, tensors: dict[str, torch.Tensor], structure: dict[str, Any]
+) -> None:
+    """Inverse of ``optimizer_state``; JSON lists become tuples where the optimizer has them."""
+    parts = _parts(optimizer)
+    if set(structure) != set(parts):
+        raise ValueError(f"optimizer state has {sorted(structure)}, expected {sorted(parts)}")
+    for name, opt in parts.items():
+        saved = structure[name]
+        if len(saved["param_groups"]) != len(opt.param_groups):
+            raise ValueError(f"optimizer {name}: parameter groups differ from the checkpoint")
+        groups = []
+        for live, group in zip(opt.param_groups, saved["param_groups"], strict=True):
+            groups.append(
+                {
+                    k: tuple(v) if isinstance(live.get(k), tuple) and isinstance(v, list) else v
+                    for k, v in group.items()
+                }
+            )
+        state: dict[int, dict[str, Any]] = {}
+        for idx, entry in saved["state"].items():
+            values = dict(entry["values"])
+            for key in entry["tensors"]:
+                flat = f"optimizer/{name}/{idx}/{key}"
+                if flat not in tensors:
+                    raise ValueError(f"checkpoint lacks optimizer tensor {flat}")
+                # A copy in torch's own (aligned) memory: the optimizer would otherwise
+                # keep views into the file buffer, whose alignment varies between loads.
+                values[key] = tensors[flat].clone()
+            state[int(idx)] = values
+        opt.load_state_dict({"state": state, "param_groups": groups})
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _previous(folder: Path) -> Path:
+    return folder.parent / f".{folder.name}.previous"
+
+
+def resolve_checkpoint(folder: Path) -> Path:
+    """``folder``, or the checkpoint it replaced when a save was killed between renames."""
+    folder = Path(folder)
+    if not (folder / STATE).is_file() and (_previous(folder) / STATE).is_file():
+        return _previous(folder)
+    return folder
+
+
+def save_checkpoint(
+    folder: Path,
+    model: torch.nn.Module,
+    state: dict[str, Any],
+    optimizer: Optimizer | None = None,
+) -> Path:
+    """Write weights, optimizer state, RNG state and ``state`` into a temporary folder,
+    then rename it to ``folder`` (see the module doc for the crash-safe replacement)."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    for stale in folder.parent.glob(f".{folder.name}.tmp-*"):  # left by a killed save
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
     try:
         # Tied weights share storage; save each tensor once under its first name.
-        tensors, seen = {}, set()
+        weights, seen = {}, set()
         for name, t in model.state_dict().items():
             if t.data_ptr() in seen:
                 continue
             seen.add(t.data_ptr())
-            tensors[name] = t.detach().contiguous()
-        save_file(tensors, str(tmp / WEIGHTS))
-        atomic_write_json(tmp / STATE, {**state, "weights_sha256": file_sha256(tmp / WEIGHTS)})
-        if folder.exists():
-            shutil.rmtree(folder)
+            weights[name] = t.detach().contiguous()
+        save_file(weights, str(tmp / WEIGHTS))
+        tensors: dict[str, torch.Tensor] = {RNG_KEY: torch.get_rng_state()}
+        full = dict(state)
+        if optimizer is not None:
+            opt_tensors, full["optimizer"] = optimizer_state(optimizer)
+            tensors.update(opt_tensors)
+        save_file(tensors, str(tmp / TENSORS))
+        full["sha256"] = {name: file_sha256(tmp / name) for name in (WEIGHTS, TENSORS)}
+        full["state_sha256"] = _json_sha256(full)
+        atomic_write_json(tmp / STATE, full)
+        for name in (WEIGHTS, TENSORS):
+            _fsync(tmp / name)
+        _fsync(tmp)
+        previous = _previous(folder)
+        if folder.exists():  # else ``previous`` may be the only complete one: keep it
+            if previous.exists():
+                shutil.rmtree(previous)
+            os.rename(folder, previous)
         os.rename(tmp, folder)
+        _fsync(folder.parent)
+        shutil.rmtree(previous, ignore_errors=True)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 
-def load_checkpoint(folder: Path, model: torch.nn.Module) -> dict[str, Any]:
-    """Load weights into ``model`` after checking their checksum; return the state."""
-    folder = Path(folder)
-    state = read_json(folder / STATE)
-    if file_sha256(folder / WEIGHTS) != state["weights_sha256"]:
-        raise ValueError(f"{folder / WEIGHTS}: checksum mismatch")
+def _verified_state(folder: Path) -> dict[str, Any]:
+    try:
+        state = read_json(folder / STATE)
+    except ValueError as exc:  # a torn or corrupted file must not read as a bad recipe
+        raise ValueError(f"{folder / STATE}: unreadable ({exc})") from None
+    if "sha256" not in state:  # written before state tensors existed: weights only
+        if file_sha256(folder / WEIGHTS) != state["weights_sha256"]:
+            raise ValueError(f"{folder / WEIGHTS}: checksum mismatch")
+        return state
+    if state.get("state_sha256") != _json_sha256(state):
+        raise ValueError(f"{folder / STATE}: checksum mismatch")
+    for name, digest in state["sha256"].items():
+        if file_sha256(folder / name) != digest:
+            raise ValueError(f"{folder / name}: checksum mismatch")
+    return state
+
+
+def load_checkpoint(
+    folder: Path,
+    model: torch.nn.Module,
+    optimizer: Optimizer | None = None,
+    restore_rng: bool = False,
+) -> dict[str, Any]:
+    """Check every file's checksum, load weights into ``model`` (and the optimizer's
+    state, and the torch CPU generator when asked); return the JSON state."""
+    folder = resolve_checkpoint(Path(folder))
+    state = _verified_state(folder)
     missing, unexpected = model.load_state_dict(load_file(str(folder / WEIGHTS)), strict=False)
     tied = {"lm_head.weight"} if getattr(model.cfg, "tie_embeddings", False) else set()
     if set(missing) - tied or unexpected:
         raise ValueError(
             f"{folder}: missing {sorted(set(missing) - tied)}, unexpected {unexpected}"
         )
+    if optimizer is not None or restore_rng:
+        if not (folder / TENSORS).is_file():
+            raise ValueError(f"{folder}: weights-only checkpoint, nothing to resume from")
+        tensors = load_file(str(folder / TENSORS))
+        if optimizer is not None:
+            if "optimizer" not in state:
+                raise ValueError(f"{folder}: checkpoint has no optimizer state")
+            load_optimizer_state(optimizer, tensors, state["optimizer"])
+        if restore_rng:
+            torch.set_rng_state(tensors[RNG_KEY])
     return state

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -68,6 +68,15 @@ class TrainState:
             "skipped_updates": self.skipped_steps,
         }
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able, history included: a resumed run must continue the same record."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainState:
+        history = [StepRecord(**r) for r in d.get("history", [])]
+        return cls(**{**d, "history": history})
+
 
 class Callback(Protocol):
     def on_train_start(self, trainer: Trainer) -> None: ...
@@ -117,8 +126,23 @@ class Trainer:
         self.events: list[dict[str, Any]] = []
         self.max_consecutive_skips = max_consecutive_skips
         self._consecutive_skips = 0
+        if cfg.compile:
+            # In place (nn.Module.compile), not a wrapper: the module keeps its parameter
+            # names, so optimizer groups, state_dict, checkpoints and weight hashes are the
+            # eager model's. Shapes are static (micro_batch_rows x seq_len); a smaller last
+            # validation batch costs one extra compile instead of dynamic-shape kernels.
+            self.model.compile(dynamic=False)
         for group in self.optimizer.param_groups:  # a plain optimizer's lr is its peak
             group.setdefault("base_lr", group["lr"])
+
+    def autocast(self) -> torch.autocast:
+        """The numerics of every forward: bf16 autocast under ``precision = "bf16"``.
+
+        Weights, gradients and optimizer state stay fp32 either way (the loss upcasts
+        low-precision logits). Callbacks run inside it too, so evaluation scores the
+        model with the numerics it trains with.
+        """
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.precision == "bf16")
 
     def train_step(self) -> float:
         """One optimizer update over ``grad_accum`` micro-batches.
@@ -142,9 +166,11 @@ class Trainer:
         for mb in micro:
             if mb.num_targets == 0:  # adds 0 to the numerator; its rows are already counted
                 continue
-            logits = self.model(mb.input_ids, mb.position_ids, mb.attention_mask(self.attention))
-            per_target = masked_target_loss(logits, mb.targets, mb.loss_mask)
-            numerator, _ = objective_terms(per_target, mb.loss_mask, *terms)
+            with self.autocast():  # backward reuses the forward's dtypes; it runs outside
+                mask = mb.attention_mask(self.attention)
+                logits = self.model(mb.input_ids, mb.position_ids, mask)
+                per_target = masked_target_loss(logits, mb.targets, mb.loss_mask)
+                numerator, _ = objective_terms(per_target, mb.loss_mask, *terms)
             (numerator / denominator).backward()
             total += numerator.detach().double()
         loss = float(total / denominator)
@@ -203,23 +229,39 @@ class Trainer:
         record.skipped = True
         self.state.skipped_steps += 1
 
+    def state_dict(self) -> dict[str, Any]:
+        """Trainer state a resume needs beyond weights, optimizer and data cursor."""
+        return {
+            "state": self.state.to_dict(),
+            "events": self.events,
+            "consecutive_skips": self._consecutive_skips,
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.state = TrainState.from_dict(d["state"])
+        self.events = list(d.get("events", []))
+        self._consecutive_skips = int(d.get("consecutive_skips", 0))
+
     def fit(self) -> TrainState:
         if self.clock:
             self.clock.start("train", self.state.step)
         try:
-            for cb in self.callbacks:
-                cb.on_train_start(self)
+            with self.autocast():
+                for cb in self.callbacks:
+                    cb.on_train_start(self)
             while self.state.step < self.cfg.max_steps and not self.state.should_stop:
                 before = self.state.step
                 self.train_step()
                 if self.state.step == before:  # skipped: nothing new to evaluate or report
                     continue
-                for cb in self.callbacks:
-                    cb.on_step_end(self)
+                with self.autocast():
+                    for cb in self.callbacks:
+                        cb.on_step_end(self)
             if not self.state.stop_reason:
                 self.state.stop_reason = "max_steps"
-            for cb in self.callbacks:
-                cb.on_train_end(self)
+            with self.autocast():
+                for cb in self.callbacks:
+                    cb.on_train_end(self)
         finally:
             if self.clock:
                 self.clock.stop(self.state.step)

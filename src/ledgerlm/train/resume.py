@@ -1,0 +1,112 @@
+"""Resumable training: periodic checkpoints, and continuing a trainer from one.
+
+A checkpoint is saved only between optimizer updates, after every other callback
+has seen the update (so the evaluation of that step is already recorded and the
+buffered per-step ledger rows are flushed first). It holds everything the next
+update depends on: weights, optimizer state, trainer counters and history, the
+data cursor and the torch RNG; a resumed trainer then makes bitwise the same
+updates as an uninterrupted one (same thread count, deterministic kernels).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ledgerlm.train.checkpoint import load_checkpoint, save_checkpoint
+from ledgerlm.train.evaluate import EvalCallback, weights_digest
+from ledgerlm.train.optim import Optimizer
+
+
+def save_training(folder: Path, trainer, extra: dict[str, Any] | None = None) -> Path:
+    """A resumable checkpoint of ``trainer``; ``extra`` adds e.g. run id and recipe digest."""
+    s = trainer.state
+    state_dict = getattr(trainer.batches, "state_dict", None)
+    state = {
+        **(extra or {}),
+        "step": s.step,
+        "counters": s.counters(),
+        "trainer": trainer.state_dict(),
+        # None marks a stream that cannot say where it stands: such a checkpoint is
+        # refused for resuming rather than silently restarting the data.
+        "data": state_dict() if state_dict else None,
+    }
+    return save_checkpoint(folder, trainer.model, state, trainer.optimizer)
+
+
+def load_training(folder: Path, model: torch.nn.Module, optimizer: Optimizer) -> dict[str, Any]:
+    """Restore weights, optimizer state and the torch RNG; return the JSON state.
+
+    The caller builds the data stream from ``state["data"]`` and hands
+    ``state["trainer"]`` to ``Trainer.load_state_dict``.
+    """
+    state = load_checkpoint(folder, model, optimizer, restore_rng=True)
+    if state.get("data") is None or "trainer" not in state:
+        raise ValueError(f"{folder}: checkpoint has no data cursor or trainer state to resume")
+    return state
+
+
+class CheckpointCallback:
+    """Saves a resumable checkpoint every ``every`` updates (0 = never), timed in the
+    ledger as a ``checkpoint`` phase that interrupts training."""
+
+    def __init__(self, folder: Path, every: int, extra: dict[str, Any] | None = None) -> None:
+        self.folder, self.every, self.extra = Path(folder), every, extra or {}
+
+    def on_train_start(self, trainer) -> None:
+        pass
+
+    def on_step_end(self, trainer) -> None:
+        if self.every and trainer.state.step % self.every == 0:
+            self.save(trainer)
+
+    def on_train_end(self, trainer) -> None:
+        pass
+
+    def save(self, trainer) -> Path:
+        for cb in trainer.callbacks:  # ledger rows up to this step go in before the save
+            if cb is not self and callable(getattr(cb, "flush", None)):
+                cb.flush(trainer)
+        step = trainer.state.step
+        if trainer.clock is None:
+            return save_training(self.folder, trainer, self.extra)
+        with trainer.clock.interrupt("checkpoint", step) as phase:
+            phase.detail["periodic"] = True
+            return save_training(self.folder, trainer, self.extra)
+
+
+class ResumedEval(EvalCallback):
+    """An evaluator that continues a run: it starts from the run's earlier evaluations
+    and does not record a second row for a step the ledger already holds.
+
+    Updates redone after a resume are bitwise those the killed process made, so an
+    evaluation it recorded past the checkpoint scored the same weights: when the
+    weights digest matches, that row stands; otherwise a fresh evaluation is recorded.
+    """
+
+    def __init__(self, *args: Any, earlier: list[dict[str, Any]], step: int, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.recorded = {int(e["step"]): e for e in earlier if e["step"] > step}
+        for e in sorted((e for e in earlier if e["step"] <= step), key=lambda e: e["step"]):
+            self.history.append(e)
+            self._check_target(e, None)
+
+    def _check_target(self, record: dict[str, Any], trainer) -> None:
+        value = record["metrics"].get(self.metric)
+        if self.reached_step is not None or value is None or not math.isfinite(value):
+            return
+        if value <= self.cfg.target_loss:
+            self.reached_step = record["step"]
+            if trainer is not None and self.cfg.stop_at_target:
+                trainer.state.should_stop, trainer.state.stop_reason = True, "target confirmed"
+
+    def run(self, trainer) -> dict[str, Any]:
+        earlier = self.recorded.pop(trainer.state.step, None)
+        if earlier is None or earlier["snapshot"] != weights_digest(trainer.model):
+            return super().run(trainer)
+        self.history.append(earlier)
+        self._check_target(earlier, trainer)
+        return earlier

@@ -122,8 +122,9 @@ def gemm_ceiling(shape: Shape, dtype: torch.dtype, repeat: int) -> float:
     """
     cfg, m = shape.model, shape.rows * shape.seq_len
     d, h = cfg.d_model, ffn_hidden(cfg)
-    # q/k/v and gate/up are each one matmul (see model/gpt.py); the head is d x vocab
-    weights = [(d, 3 * d), (d, d), (d, 2 * h), (h, d)] * cfg.n_layers + [(d, shape.vocab)]
+    # per block: q, k, v, o; gate, up, down (model/gpt.py); then the d x vocab head
+    weights = [(d, d)] * 4 + [(d, h)] * 2 + [(h, d)]
+    weights = weights * cfg.n_layers + [(d, shape.vocab)]
     flops = seconds = 0.0
     for k, n in weights:
         x, w, dy = (torch.randn(*s).to(dtype) for s in ((m, k), (k, n), (m, n)))

@@ -49,11 +49,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], mask: torch.Tensor):
         b, t, d = x.shape
-        # One matmul three times as wide instead of three: ~30% faster on CPU, and the
-        # parameters (names, init, checkpoints, export) stay the three separate ones.
-        qkv = F.linear(x, torch.cat((self.wq.weight, self.wk.weight, self.wv.weight)))
-        q, k, v = qkv.view(b, t, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        # (B, nh, T, hs) each
+        q, k, v = (
+            w(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+            for w in (self.wq, self.wk, self.wv)
+        )  # (B, nh, T, hs)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         y = attend(q, k, v, mask)  # (B, nh, T, hs)
         return self.wo(y.transpose(1, 2).reshape(b, t, d))
@@ -68,9 +67,7 @@ class SwiGLU(nn.Module):
         self.w_down = nn.Linear(hidden, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Gate and up projections as one wider matmul (faster on CPU), as in Attention.
-        gate, up = F.linear(x, torch.cat((self.w_gate.weight, self.w_up.weight))).chunk(2, -1)
-        return self.w_down(F.silu(gate) * up)
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
 
 
 class Block(nn.Module):

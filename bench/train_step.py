@@ -117,22 +117,23 @@ def gemm_ceiling(shape: Shape, dtype: torch.dtype, repeat: int) -> float:
 
     Per weight (K, N) of ``y = x @ W`` with M = rows x seq_len tokens: the forward
     (M,K)@(K,N), the input gradient (M,N)@(N,K) and the weight gradient (K,M)@(M,N).
-    Thin matrices (K = d_model) run well below the square-matmul peak, so this is the
-    most a step of this model could reach if everything else were free.
+    Thin matrices (K = d_model) run below the square-matmul peak, so this is the most
+    a step of this model could reach if everything else were free.
     """
     cfg, m = shape.model, shape.rows * shape.seq_len
     d, h = cfg.d_model, ffn_hidden(cfg)
     # per block: q, k, v, o; gate, up, down (model/gpt.py); then the d x vocab head
-    weights = [(d, d)] * 4 + [(d, h)] * 2 + [(h, d)]
-    weights = weights * cfg.n_layers + [(d, shape.vocab)]
+    block = {(d, d): 4, (d, h): 2, (h, d): 1}
+    weights = {kn: count * cfg.n_layers for kn, count in block.items()}
+    weights[(d, shape.vocab)] = weights.get((d, shape.vocab), 0) + 1
     flops = seconds = 0.0
-    for k, n in weights:
+    for (k, n), count in weights.items():
         x, w, dy = (torch.randn(*s).to(dtype) for s in ((m, k), (k, n), (m, n)))
         xt, wt = x.t().contiguous(), w.t().contiguous()
         for a, b in ((x, w), (dy, wt), (xt, dy)):
             a @ b
-            seconds += min(_timed(lambda a=a, b=b: a @ b) for _ in range(repeat))
-            flops += 2 * m * k * n
+            seconds += count * min(_timed(lambda a=a, b=b: a @ b) for _ in range(repeat))
+            flops += count * 2 * m * k * n
     return flops / seconds / 1e9
 
 
@@ -215,7 +216,9 @@ def main() -> None:
     )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps (compiles here)")
     parser.add_argument("--models", nargs="+", default=["demo", "d256"], choices=["demo", "d256"])
-    parser.add_argument("--modes", nargs="+", default=["eager", "compiled"])
+    parser.add_argument(
+        "--modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"]
+    )
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=DTYPES)
     parser.add_argument("--rows", type=int, default=0, help="rows per step; 0 = the recipe's")
     parser.add_argument("--attention", choices=["isolated", "cross"], default=None)

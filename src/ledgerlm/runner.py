@@ -7,12 +7,18 @@ time to find it; the manifest keeps what building it originally cost.
 A run killed mid-training continues with ``resume_run``: the same ledger run,
 reopened as ``running``, restored from its last checkpoint (a ``restore`` phase)
 and trained on, making bitwise the updates the uninterrupted run would have made.
+
+Under ``torchrun`` rank 0 does everything a single process does (data, tokens,
+ledger, checkpoints, progress); it then hands the built versions to the other
+ranks (``Handoff``), which train their share of each step and evaluate their
+share of the validation set (``ledgerlm.train.distributed``).
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -23,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ledgerlm.config import Recipe, TrainConfig, load_recipe, recipe_to_toml
+from ledgerlm.config import Recipe, TrainConfig, load_recipe, recipe_from_dict, recipe_to_toml
 from ledgerlm.data.pipeline import prepare_data
 from ledgerlm.ledger.clock import PhaseClock
 from ledgerlm.ledger.store import Ledger, LedgerError
@@ -33,7 +39,8 @@ from ledgerlm.tokens.loader import train_batches, validation_batches
 from ledgerlm.tokens.shards import TokenStore, build_tokens
 from ledgerlm.train.callbacks import ProgressCallback, StepLog
 from ledgerlm.train.checkpoint import STATE, resolve_checkpoint
-from ledgerlm.train.evaluate import EvalCallback, unigram_entropy
+from ledgerlm.train.distributed import RankShard, World
+from ledgerlm.train.evaluate import EvalCallback, unigram_entropy, weights_digest
 from ledgerlm.train.loop import Trainer, TrainState
 from ledgerlm.train.optim import Optimizer, build_optimizer
 from ledgerlm.train.resume import CheckpointCallback, ResumedEval, load_training, save_training
@@ -45,17 +52,49 @@ class RunResult:
     run_id: str
     data: BuiltVersion
     tokens: BuiltVersion
-    summary: dict[str, Any]  # read back from the ledger
+    summary: dict[str, Any]  # read back from the ledger (empty on ranks other than 0)
     unigram_entropy: float
     params: int
 
 
 def _determinism(train: TrainConfig) -> None:
     """Seed, thread count and deterministic kernels: fixed per recipe and machine, so a
-    resumed run repeats the uninterrupted run's float operations in the same order."""
+    resumed run repeats the uninterrupted run's float operations in the same order.
+    Without ``train.threads`` the cores are shared by the processes on this node."""
     torch.manual_seed(train.seed)
-    torch.set_num_threads(train.threads or os.cpu_count() or 1)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    torch.set_num_threads(train.threads or max(1, (os.cpu_count() or 1) // local))
     torch.use_deterministic_algorithms(True)
+
+
+class Handoff:
+    """Rank 0 tells the other ranks what to train (versions, checkpoint, earlier
+    evaluations) once it is ready, or that it failed, so no rank waits forever."""
+
+    def __init__(self, world: World) -> None:
+        self.world, self.sent = world, False
+
+    def send(self, message: dict[str, Any] | None) -> None:
+        if self.world.distributed and not self.sent:
+            self.sent = True
+            self.world.broadcast_object(message)
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        try:
+            yield
+        except BaseException:
+            self.send(None)
+            raise
+
+
+def _same_replicas(model: torch.nn.Module, world: World) -> None:
+    """Every rank must start from rank 0's weights; a mismatch means nondeterminism."""
+    if not world.distributed:
+        return
+    mine = weights_digest(model)
+    if world.broadcast_object(mine) != mine:
+        raise RuntimeError(f"rank {world.rank}: initial weights differ from rank 0's")
 
 
 @contextmanager
@@ -96,10 +135,13 @@ def _train(
     parts: tuple[torch.nn.Module, Optimizer, Any, EvalCallback],
     progress: Progress,
     resumed: dict[str, Any] | None = None,
+    world: World | None = None,
 ) -> TrainState:
     """Train to max_steps or the target, checkpointing every ``checkpoint_every`` updates
     and at the end; ``resumed`` is the trainer state of the checkpoint resumed from."""
     model, optimizer, stream, evaluator = parts
+    world = world or World()
+    _same_replicas(model, world)
     run_id = clock.run_id
     extra = {"run_id": run_id, "recipe_sha256": recipe.digest()}
     with progress.task("train", total=recipe.train.max_steps) as task:
@@ -116,6 +158,7 @@ def _train(
                 CheckpointCallback(folder, recipe.train.checkpoint_every, extra),
             ],
             clock=clock,
+            world=world,
         )
         if resumed is not None:
             trainer.load_state_dict(resumed)
@@ -129,8 +172,18 @@ def _train(
     return state
 
 
-def run_recipe(recipe: Recipe, workspace: Workspace, progress: Progress | None = None) -> RunResult:
+def run_recipe(
+    recipe: Recipe,
+    workspace: Workspace,
+    progress: Progress | None = None,
+    world: World | None = None,
+) -> RunResult:
+    """Run ``recipe`` end to end; under ``torchrun`` pass the ``World`` on every rank."""
     progress = progress or NullProgress()
+    world = world or World()
+    if not world.is_main:
+        return _follow(recipe, workspace, world)
+    handoff = Handoff(world)
     ledger = Ledger(workspace.ledger_path)
     run_id = ledger.create_run(
         recipe.name,
@@ -142,7 +195,7 @@ def run_recipe(recipe: Recipe, workspace: Workspace, progress: Progress | None =
     clock = PhaseClock(ledger, run_id)
     run_dir = workspace.run_dir(run_id)
     try:
-        with _failing(ledger, clock, run_id), _run_lock(run_dir):
+        with handoff.guard(), _failing(ledger, clock, run_id), _run_lock(run_dir):
             atomic_write_text(run_dir / "recipe.toml", recipe_to_toml(recipe))
             with ledger.phase(run_id, "prep") as ph:
                 data = prepare_data(recipe.data, workspace, progress)
@@ -157,6 +210,7 @@ def run_recipe(recipe: Recipe, workspace: Workspace, progress: Progress | None =
                     built_seconds=tokens.build_seconds,
                 )
             ledger.set_versions(run_id, data_version=data.version, tokens_version=tokens.version)
+            handoff.send({"data": data.version, "tokens": tokens.version, "world": world.size})
 
             _determinism(recipe.train)
             store = TokenStore(tokens.path)
@@ -168,16 +222,17 @@ def run_recipe(recipe: Recipe, workspace: Workspace, progress: Progress | None =
                 "val_targets": sum(b.num_targets for b in val),
                 "val_unigram_entropy": entropy,
                 "every_steps": recipe.eval.every_steps,
+                "ranks": world.size,
             }
             ledger.add_event(run_id, "target_contract", json.dumps(contract))
 
             model = GPT(recipe.model, store.vocab_size)
             optimizer = build_optimizer(model, recipe.train)
             t = recipe.train
-            stream = train_batches(store, recipe.pack, t.micro_batch_rows, t.seed)
+            stream = RankShard(train_batches(store, recipe.pack, t.micro_batch_rows, t.seed), world)
             evaluator = EvalCallback(val, recipe.eval, recipe.pack.attention, store.domains)
             parts = (model, optimizer, stream, evaluator)
-            _train(ledger, clock, run_dir / "checkpoint", recipe, parts, progress)
+            _train(ledger, clock, run_dir / "checkpoint", recipe, parts, progress, world=world)
         summary = ledger.run_summary(run_id)
     finally:
         ledger.close()
@@ -191,70 +246,142 @@ def _version(workspace: Workspace, kind: str, version: str | None) -> BuiltVersi
     return found
 
 
-def resume_run(workspace: Workspace, run_ref: str, progress: Progress | None = None) -> RunResult:
+def _earlier(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    keys = ("step", "tokens", "targets", "updates", "metrics", "snapshot")
+    return [{k: e[k] for k in keys} for e in summary["evaluations"]]
+
+
+def resume_run(
+    workspace: Workspace,
+    run_ref: str,
+    progress: Progress | None = None,
+    world: World | None = None,
+) -> RunResult:
     """Continue a killed or failed run from its last checkpoint, in the same ledger run.
 
     Evaluations the run already recorded stay; a step evaluated again after the
     restore reuses its row when the weights digest matches (see ``ResumedEval``).
     """
     progress = progress or NullProgress()
-    if not workspace.ledger_path.is_file():
-        raise LedgerError(f"{workspace.ledger_path}: no ledger here (run something first)")
-    ledger = Ledger(workspace.ledger_path)
+    world = world or World()
+    if not world.is_main:
+        return _follow(None, workspace, world)
+    handoff = Handoff(world)
+    with handoff.guard():
+        if not workspace.ledger_path.is_file():
+            raise LedgerError(f"{workspace.ledger_path}: no ledger here (run something first)")
+        ledger = Ledger(workspace.ledger_path)
     try:
-        run_id = ledger.resolve_run(run_ref)
-        before = ledger.run_summary(run_id)
-        run = before["run"]
-        if run["status"] not in ("running", "failed"):
-            raise LedgerError(f"run {run_id} has finished ({run['status']}); nothing to resume")
-        run_dir = workspace.run_dir(run_id)
-        folder = run_dir / "checkpoint"
-        if not (resolve_checkpoint(folder) / STATE).is_file():
-            raise LedgerError(
-                f"run {run_id} left no checkpoint to resume from "
-                "(train.checkpoint_every = N saves one every N updates)"
-            )
+        with handoff.guard():
+            run_id = ledger.resolve_run(run_ref)
+            before = ledger.run_summary(run_id)
+            run = before["run"]
+            if run["status"] not in ("running", "failed"):
+                raise LedgerError(f"run {run_id} has finished ({run['status']}); nothing to resume")
+            run_dir = workspace.run_dir(run_id)
+            folder = run_dir / "checkpoint"
+            if not (resolve_checkpoint(folder) / STATE).is_file():
+                raise LedgerError(
+                    f"run {run_id} left no checkpoint to resume from "
+                    "(train.checkpoint_every = N saves one every N updates)"
+                )
         clock = PhaseClock(ledger, run_id)
-        with _run_lock(run_dir):
+        with handoff.guard(), _run_lock(run_dir):
             ledger.finish_run(run_id, "running")
             with _failing(ledger, clock, run_id):
                 with ledger.phase(run_id, "restore") as ph:
                     recipe = load_recipe(run_dir / "recipe.toml")
                     data = _version(workspace, "data", run["data_version"])
                     tokens = _version(workspace, "tokens", run["tokens_version"])
-                    _determinism(recipe.train)
-                    store = TokenStore(tokens.path)
-                    model = GPT(recipe.model, store.vocab_size)
-                    optimizer = build_optimizer(model, recipe.train)
-                    saved = load_training(folder, model, optimizer)
-                    if saved.get("recipe_sha256") != recipe.digest():
-                        raise ValueError(f"{run_dir / 'recipe.toml'} does not match the checkpoint")
-                    t = recipe.train
-                    stream = train_batches(
-                        store, recipe.pack, t.micro_batch_rows, t.seed, cursor=saved["data"]
+                    handoff.send(
+                        {
+                            "data": data.version,
+                            "tokens": tokens.version,
+                            "recipe": recipe.to_dict(),
+                            "checkpoint": str(folder),
+                            "earlier": _earlier(before),
+                        }
                     )
+                    model, optimizer, stream, saved, store = _restore(recipe, tokens, folder, world)
                     ph.step_end = saved["step"]
                     ph.detail.update(step=saved["step"], cursor=saved["data"]["cursor"])
                 ledger.add_event(run_id, "resume", f"from step {saved['step']}", step=saved["step"])
                 val, entropy = _validation(ledger, run_id, store, recipe)
-                earlier = [
-                    {
-                        k: e[k]
-                        for k in ("step", "tokens", "targets", "updates", "metrics", "snapshot")
-                    }
-                    for e in before["evaluations"]
-                ]
                 evaluator = ResumedEval(
                     val,
                     recipe.eval,
                     recipe.pack.attention,
                     store.domains,
-                    earlier=earlier,
+                    earlier=_earlier(before),
                     step=saved["step"],
                 )
                 parts = (model, optimizer, stream, evaluator)
-                _train(ledger, clock, folder, recipe, parts, progress, saved["trainer"])
+                _train(ledger, clock, folder, recipe, parts, progress, saved["trainer"], world)
         summary = ledger.run_summary(run_id)
     finally:
         ledger.close()
     return RunResult(run_id, data, tokens, summary, entropy, model.num_params())
+
+
+def _restore(recipe: Recipe, tokens: BuiltVersion, folder: Path, world: World):
+    """Model, optimizer and this rank's data stream as the checkpoint left them."""
+    _determinism(recipe.train)
+    store = TokenStore(tokens.path)
+    model = GPT(recipe.model, store.vocab_size)
+    optimizer = build_optimizer(model, recipe.train)
+    saved = load_training(folder, model, optimizer)
+    if saved.get("recipe_sha256") != recipe.digest():
+        raise ValueError(f"{folder.parent / 'recipe.toml'} does not match the checkpoint")
+    t = recipe.train
+    stream = train_batches(store, recipe.pack, t.micro_batch_rows, t.seed, cursor=saved["data"])
+    return model, optimizer, RankShard(stream, world), saved, store
+
+
+def _follow(recipe: Recipe | None, workspace: Workspace, world: World) -> RunResult:
+    """A rank other than 0: wait for rank 0's handoff, then train and evaluate its share.
+
+    It writes nothing: the ledger, checkpoints and progress are rank 0's.
+    """
+    sent = world.broadcast_object(None)
+    if sent is None:
+        raise RuntimeError(f"rank {world.rank}: rank 0 failed before training (see its output)")
+    data = _version(workspace, "data", sent["data"])
+    tokens = _version(workspace, "tokens", sent["tokens"])
+    resumed = None
+    if "checkpoint" in sent:
+        recipe = recipe_from_dict(sent["recipe"])
+        model, optimizer, stream, saved, store = _restore(
+            recipe, tokens, Path(sent["checkpoint"]), world
+        )
+        resumed = saved["trainer"]
+        evaluator: EvalCallback = ResumedEval(
+            *_eval_args(store, recipe), earlier=sent["earlier"], step=saved["step"]
+        )
+    else:
+        assert recipe is not None
+        _determinism(recipe.train)
+        store = TokenStore(tokens.path)
+        model = GPT(recipe.model, store.vocab_size)
+        optimizer = build_optimizer(model, recipe.train)
+        t = recipe.train
+        stream = RankShard(train_batches(store, recipe.pack, t.micro_batch_rows, t.seed), world)
+        evaluator = EvalCallback(*_eval_args(store, recipe))
+    _same_replicas(model, world)
+    trainer = Trainer(
+        model,
+        optimizer,
+        recipe.train,
+        stream,
+        recipe.pack.attention,
+        callbacks=[evaluator],
+        world=world,
+    )
+    if resumed is not None:
+        trainer.load_state_dict(resumed)
+    trainer.fit()
+    return RunResult("", data, tokens, {}, math.nan, model.num_params())
+
+
+def _eval_args(store: TokenStore, recipe: Recipe) -> tuple[Any, ...]:
+    val = validation_batches(store, recipe.pack, recipe.eval, recipe.train.micro_batch_rows)
+    return val, recipe.eval, recipe.pack.attention, store.domains

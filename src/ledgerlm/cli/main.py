@@ -20,6 +20,7 @@ from ledgerlm.cli.render import (
 from ledgerlm.cli.ui import DEFAULT_WS, RichProgress, SetOpt, WorkspaceOpt, console, friendly_errors
 from ledgerlm.config import load_recipe
 from ledgerlm.runner import RunResult, resume_run, run_recipe
+from ledgerlm.train.distributed import distributed_world
 from ledgerlm.workspace import Workspace
 
 app = typer.Typer(
@@ -55,8 +56,12 @@ def _print_result(result: RunResult) -> None:
 
 def _run(recipe_path: Path, workspace: Path, overrides: list[str] | None) -> None:
     recipe = load_recipe(recipe_path, overrides)
-    with RichProgress() as progress:
-        result = run_recipe(recipe, Workspace(workspace), progress)
+    with distributed_world() as world:
+        if not world.is_main:  # under torchrun rank 0 reports; the others train quietly
+            run_recipe(recipe, Workspace(workspace), world=world)
+            return
+        with RichProgress() as progress:
+            result = run_recipe(recipe, Workspace(workspace), progress, world)
     _print_result(result)
 
 
@@ -67,7 +72,12 @@ def run(
     workspace: WorkspaceOpt = DEFAULT_WS,
     set_: SetOpt = None,
 ) -> None:
-    """Run a recipe end to end: prepare data, tokenize, train to the target, record it all."""
+    """Run a recipe end to end: prepare data, tokenize, train to the target, record it all.
+
+    Data-parallel on N processes (gloo on CPU, nccl on CUDA):
+    torchrun --nproc-per-node N -m ledgerlm run RECIPE. Each optimizer update then
+    covers N x grad_accum micro-batches, with one global loss denominator.
+    """
     _run(recipe, workspace, set_)
 
 
@@ -88,8 +98,12 @@ def resume(
 
     On the same machine the final weights are bitwise those of an uninterrupted run.
     """
-    with RichProgress() as progress:
-        result = resume_run(Workspace(workspace), run, progress)
+    with distributed_world() as world:
+        if not world.is_main:
+            resume_run(Workspace(workspace), run, world=world)
+            return
+        with RichProgress() as progress:
+            result = resume_run(Workspace(workspace), run, progress, world)
     _print_result(result)
 
 

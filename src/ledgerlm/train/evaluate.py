@@ -16,6 +16,7 @@ import torch
 
 from ledgerlm.config import EvalConfig
 from ledgerlm.tokens.packing import Batch
+from ledgerlm.train.distributed import World
 from ledgerlm.train.loss import per_target_loss
 
 
@@ -43,18 +44,31 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 @torch.no_grad()
 def evaluate(
-    model: torch.nn.Module, val: Sequence[Batch], attention: str, domains: Sequence[str]
+    model: torch.nn.Module,
+    val: Sequence[Batch],
+    attention: str,
+    domains: Sequence[str],
+    world: World | None = None,
 ) -> dict[str, float]:
-    """Token-mean loss (nat/token) overall and per domain of the target's document."""
+    """Token-mean loss (nat/token) overall and per domain of the target's document.
+
+    Under ``torchrun`` each rank scores every ``size``-th batch and the sums are
+    all-reduced, so every rank gets the same figures as one process would.
+    """
+    world = world or World()
     model.eval()
     total = torch.zeros(len(domains), dtype=torch.float64)
     count = torch.zeros(len(domains), dtype=torch.float64)
-    for b in val:
+    for b in val[world.rank :: world.size]:
         logits = model(b.input_ids, b.position_ids, b.attention_mask(attention))
         losses = per_target_loss(logits, b.targets)[b.loss_mask].double()
         dom = b.target_domains[b.loss_mask]
         total.index_add_(0, dom, losses)
         count.index_add_(0, dom, torch.ones_like(losses))
+    if world.distributed:
+        summed = world.all_reduce(torch.cat([total, count]).tolist(), torch.float64)
+        sums = torch.tensor(summed, dtype=torch.float64)
+        total, count = sums[: len(domains)], sums[len(domains) :]
     metrics = {"loss": float(total.sum() / count.sum())}
     for i, name in enumerate(domains):
         if count[i] > 0:
@@ -86,17 +100,21 @@ class EvalCallback:
         if not self.history or self.history[-1]["step"] != trainer.state.step:
             self.run(trainer)
 
+    def score(self, trainer) -> dict[str, float]:
+        world = getattr(trainer, "world", None)
+        return evaluate(trainer.model, self.val, self.attention, self.domains, world)
+
     def run(self, trainer) -> dict[str, Any]:
         s = trainer.state
         clock = trainer.clock
         phase_id = None
         if clock:
             with clock.interrupt("eval", s.step) as phase:
-                metrics = evaluate(trainer.model, self.val, self.attention, self.domains)
+                metrics = self.score(trainer)
                 snapshot = weights_digest(trainer.model)
                 phase_id = phase.id
         else:
-            metrics = evaluate(trainer.model, self.val, self.attention, self.domains)
+            metrics = self.score(trainer)
             snapshot = weights_digest(trainer.model)
         record = {
             "step": s.step,

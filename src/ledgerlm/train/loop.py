@@ -15,6 +15,7 @@ import torch
 from ledgerlm.config import TrainConfig
 from ledgerlm.ledger.clock import PhaseClock
 from ledgerlm.tokens.packing import Batch
+from ledgerlm.train.distributed import World
 from ledgerlm.train.loss import (
     NoTargetsError,
     masked_target_loss,
@@ -103,6 +104,10 @@ def describe_batches(micro: Sequence[Batch]) -> dict[str, Any]:
 class Trainer:
     """Runs optimizer updates until ``max_steps`` or until a callback asks to stop.
 
+    Under ``torchrun`` every rank runs a Trainer over its own share of the batches
+    (``world``); counts, the loss and gradients are summed over ranks, so the update
+    is the one a single process would make on all ranks' micro-batches.
+
     Under ``nonfinite = "skip"`` a run of ``max_consecutive_skips`` non-finite
     steps still stops it: a model that is broken for good must not loop forever.
     """
@@ -117,8 +122,10 @@ class Trainer:
         callbacks: Sequence[Callback] = (),
         clock: PhaseClock | None = None,
         max_consecutive_skips: int = 100,
+        world: World | None = None,
     ) -> None:
         self.model, self.optimizer, self.cfg = model, optimizer, cfg
+        self.world = world or World()
         self.batches, self.attention = batches, attention
         self.callbacks = list(callbacks)
         self.clock = clock
@@ -145,19 +152,30 @@ class Trainer:
         return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.precision == "bf16")
 
     def train_step(self) -> float:
-        """One optimizer update over ``grad_accum`` micro-batches.
+        """One optimizer update over ``grad_accum`` micro-batches on every rank.
 
         The step's denominator depends only on the label masks, so it is summed
-        before any forward; each micro-batch then backpropagates its numerator /
-        that global denominator, and the gradient equals that of one big batch
-        whatever the split. Returns the step's loss (NaN/inf for a skipped step).
+        (over micro-batches and ranks) before any forward; each micro-batch then
+        backpropagates its numerator / that global denominator, gradients are summed
+        over ranks, and the update equals that of one big batch whatever the split.
+        Returns the step's loss (NaN/inf for a skipped step).
         """
-        cfg, s = self.cfg, self.state
+        cfg, s, world = self.cfg, self.state, self.world
         micro = [next(self.batches) for _ in range(cfg.grad_accum)]
         step = s.step + 1
         terms = (cfg.objective, cfg.empty_rows)
-        n_targets = sum(mb.num_targets for mb in micro)
-        denominator = sum(objective_denominator(mb.loss_mask, *terms) for mb in micro)
+        n_targets, denominator, tokens, rows = (
+            int(x)
+            for x in world.all_reduce(
+                [
+                    sum(mb.num_targets for mb in micro),
+                    sum(objective_denominator(mb.loss_mask, *terms) for mb in micro),
+                    sum(int(mb.valid.sum()) for mb in micro),
+                    sum(mb.input_ids.shape[0] for mb in micro),
+                ],
+                torch.float64,  # exact for counts below 2**53
+            )
+        )
         if n_targets == 0 or denominator == 0:
             raise NoTargetsError(f"step {step}: no supervised targets")
         self.model.train()
@@ -173,7 +191,9 @@ class Trainer:
                 numerator, _ = objective_terms(per_target, mb.loss_mask, *terms)
             (numerator / denominator).backward()
             total += numerator.detach().double()
-        loss = float(total / denominator)
+        world.all_reduce_gradients(self.model.parameters())
+        (numerator_sum,) = world.all_reduce([float(total)], torch.float64)
+        loss = numerator_sum / denominator
         grad_norm = float(
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or math.inf)
         )
@@ -186,7 +206,7 @@ class Trainer:
             loss=loss,
             grad_norm=grad_norm,
             lr=lr,
-            tokens=sum(int(mb.valid.sum()) for mb in micro),
+            tokens=tokens,
             targets=n_targets,
             denominator=denominator,
         )
@@ -200,7 +220,7 @@ class Trainer:
             s.step_tokens, s.step_targets, s.denominator = record.tokens, n_targets, denominator
             s.targets += n_targets
         s.tokens += record.tokens
-        s.rows += sum(mb.input_ids.shape[0] for mb in micro)
+        s.rows += rows
         s.history.append(record)
         return loss
 

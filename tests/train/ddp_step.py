@@ -1,0 +1,83 @@
+"""One optimizer step on ragged packed rows, in one process or as one rank of torchrun.
+
+Run by tests/train/test_distributed.py (``torchrun --nproc-per-node 2`` and plain
+``python``); each rank writes its loss, counts, gradients and updated weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from ledgerlm.config import ModelConfig, TrainConfig
+from ledgerlm.model.gpt import GPT
+from ledgerlm.tokens.packing import batches, pack_documents
+from ledgerlm.train.distributed import RankShard, distributed_world
+from ledgerlm.train.loop import Trainer
+from ledgerlm.train.optim import build_optimizer
+
+
+def ragged_rows() -> list:
+    """8 rows: 6 packed full rows, one mostly padding, one without any target."""
+    rng = np.random.default_rng(0)
+    docs = [(rng.integers(3, 40, size=rng.integers(1, 30)), 0) for _ in range(40)]
+    rows = list(pack_documents(docs, 17, 1, 2, 0))[:6]
+    rows += list(pack_documents([(np.array([7, 8, 9]), 1)], 17, 1, 2, 0))
+    lone = np.zeros(17, np.int64)
+    lone[0] = 1
+    rows.append((lone, np.where(lone == 1, 0, -1), np.where(lone == 1, 1, -1), lone == 1))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--accum", type=int, required=True)
+    ap.add_argument("--rows", type=int, required=True)
+    ap.add_argument("--objective", default="token_mean")
+    ap.add_argument("--empty-rows", default="exclude")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    with distributed_world() as world:
+        torch.manual_seed(0)
+        model = GPT(ModelConfig(d_model=16, n_layers=2, n_heads=2), 40).double()
+        cfg = TrainConfig(
+            max_steps=1,
+            grad_accum=args.accum,
+            micro_batch_rows=args.rows,
+            grad_clip=0,
+            objective=args.objective,
+            empty_rows=args.empty_rows,
+        )
+        stream = RankShard(iter(batches(ragged_rows(), args.rows)), world)
+        trainer = Trainer(model, build_optimizer(model, cfg), cfg, stream, "isolated", world=world)
+        loss = trainer.train_step()
+        tensors = {}
+        for name, p in model.named_parameters():
+            tensors[f"grad/{name}"] = p.grad.detach().clone().contiguous()
+            tensors[f"param/{name}"] = p.detach().clone().contiguous()
+        args.out.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(args.out / f"rank{world.rank}.safetensors"))
+        s = trainer.state
+        record = {
+            "loss": loss,
+            "targets": s.step_targets,
+            "tokens": s.step_tokens,
+            "denominator": s.denominator,
+            "rows": s.rows,
+            "world": world.size,
+            "local_targets": sum(
+                b.num_targets
+                for b in list(batches(ragged_rows(), args.rows))[world.rank :: world.size]
+            ),
+        }
+        (args.out / f"rank{world.rank}.json").write_text(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()

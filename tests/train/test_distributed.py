@@ -1,0 +1,58 @@
+"""Data parallelism with real torchrun processes (gloo on CPU): one step on two ranks
+equals the same step in one process, though the ranks hold unequal target counts."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+WORKER = Path(__file__).with_name("ddp_step.py")
+
+
+def _step(out: Path, nproc: int, accum: int, *args: str) -> list[tuple[dict, dict]]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if nproc == 1:
+        cmd = [sys.executable, str(WORKER)]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+        cmd += ["--standalone", str(WORKER)]  # rendezvous on a free local port
+    cmd += [str(out), "--accum", str(accum), "--rows", "2", *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [
+        (
+            json.loads((out / f"rank{r}.json").read_text()),
+            load_file(str(out / f"rank{r}.safetensors")),
+        )
+        for r in range(nproc)
+    ]
+
+
+@pytest.mark.parametrize(
+    "policy", [("token_mean", "exclude"), ("sequence_mean", "exclude"), ("sequence_mean", "zero")]
+)
+def test_two_ranks_make_the_one_process_update(tmp_path, policy):
+    objective, empty_rows = policy
+    extra = ("--objective", objective, "--empty-rows", empty_rows)
+    [(one, one_t)] = _step(tmp_path / "one", 1, 4, *extra)  # 4 micro-batches of 2 rows
+    ranks = _step(tmp_path / "two", 2, 2, *extra)  # 2 ranks x 2 micro-batches of 2 rows
+
+    # The ranks really are uneven: per-rank means averaged would weigh targets unequally.
+    local = [meta["local_targets"] for meta, _ in ranks]
+    assert local[0] != local[1] and sum(local) == one["targets"]
+    for meta, tensors in ranks:
+        assert meta["world"] == 2
+        for key in ("targets", "tokens", "denominator", "rows"):
+            assert meta[key] == one[key], key
+        assert meta["loss"] == pytest.approx(one["loss"], rel=1e-6)
+        assert tensors.keys() == one_t.keys()
+        for name, ref in one_t.items():
+            torch.testing.assert_close(tensors[name], ref, rtol=1e-6, atol=1e-12)
+    # Both ranks applied the same update: their weights are bitwise equal.
+    for name, t in ranks[0][1].items():
+        assert torch.equal(t, ranks[1][1][name]), name

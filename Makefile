@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-slow lint bench clean
+.PHONY: install demo test test-slow lint browser bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,16 @@ lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 
-test: lint
+# Headless Chromium + chromedriver for the report's browser test (skipped without them).
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	( [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	  chromium chromium-driver ) || \
+	echo "browser: could not install chromium chromium-driver (needs root and apt-get);" \
+	  "the browser test will be skipped"
+
+test: lint browser
 	$(BIN)/python -m pytest
 
 test-slow: $(VENV)/.dev-installed

@@ -73,3 +73,136 @@ def show(
     console.print(phase_table(summary))
     console.print(target_contract_line(summary))
     console.print(target_line(summary))
+
+
+@app.command("compare")
+@friendly_errors
+def compare(
+    runs: Annotated[
+        list[str],
+        typer.Argument(help="Runs (ids, unique prefixes, 'latest'); the first is the baseline."),
+    ],
+    workspace: WorkspaceOpt = DEFAULT_WS,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compare runs with the first: execution speed-ups apart from recipe changes, seeds grouped.
+
+    Per run: time-to-target, steps/tokens/updates to target, mean train step time and
+    the share of prep, tokenize, eval and checkpoint time; runs that differ only by
+    train.seed as mean, min-max, std. The rule is printed with the table.
+    """
+    from rich.markup import escape
+
+    from ledgerlm.cli.ui import fmt_seconds
+    from ledgerlm.ledger.compare import compare_runs
+
+    with _open(workspace) as ledger:
+        ids = list(dict.fromkeys(ledger.resolve_run(ref) for ref in runs))
+        result = compare_runs([ledger.run_summary(run_id) for run_id in ids])
+    if as_json:
+        console.print_json(json.dumps(result))
+        return
+
+    def num(v, fmt: str = ",") -> str:
+        return "-" if v is None else format(v, fmt)
+
+    def pct(v) -> str:
+        return "-" if v is None else f"{100 * v:.1f}%"
+
+    verdicts = {c["run"]: c for c in result["comparisons"]}
+    t = Table(title="time to target, against the first run", show_edge=False)
+    for col in ("run", "seed", "time to target", "step", "tokens", "updates", "s/step"):
+        t.add_column(col, justify="left" if col == "run" else "right")
+    for col in ("prep", "tokenize", "eval", "checkpoint", "vs baseline"):
+        t.add_column(col, justify="left" if col == "vs baseline" else "right")
+    for f in result["runs"]:
+        c = verdicts.get(f["id"])
+        ttt = fmt_seconds(f["time_to_target"]) if f["reached"] else "[red]not reached[/]"
+        t.add_row(
+            escape(f["id"]),
+            escape(str(f["seed"])),
+            ttt,
+            num(f["steps_to_target"]),
+            num(f["tokens_to_target"]),
+            num(f["updates_to_target"]),
+            num(f["train_step_seconds"], ".4f"),
+            *(pct(f["shares"].get(k)) for k in ("prep", "tokenize", "eval", "checkpoint")),
+            "baseline" if c is None else escape(c["class"]),
+        )
+    console.print(t)
+    for c in result["comparisons"]:
+        line = f"{escape(c['run'])}: [bold]{escape(c['class'])}[/], {escape(c['reason'])}"
+        if c.get("seconds_delta") is not None:
+            line += f"; {c['seconds_delta']:+,.1f} s to target"
+        console.print(line, highlight=False)
+        for diff in c["recipe_diff"][:8]:
+            console.print(f"    {escape(diff)}", highlight=False)
+        if len(c["recipe_diff"]) > 8:
+            console.print(f"    ... {len(c['recipe_diff']) - 8} more", highlight=False)
+        if c.get("final"):
+            console.print(f"    {escape(c['final'])}", highlight=False)
+    for g in result["seed_groups"]:
+        if g["n"] < 2:
+            continue
+        s = g["time_to_target"]
+        spread = (
+            "none reached the target"
+            if s["n"] == 0
+            else f"time to target mean {s['mean']:,.1f} s, min-max {s['min']:,.1f}-"
+            f"{s['max']:,.1f} s, std {num(s['std'], ',.1f')} s (n={s['n']})"
+        )
+        console.print(
+            f"seed group {g['group']}: {g['n']} runs, seeds "
+            f"{escape(', '.join(map(str, g['seeds'])))}, reached {g['n_reached']}/{g['n']}; "
+            f"{spread}",
+            highlight=False,
+        )
+    console.print(escape(result["final_figure"]), highlight=False)
+    console.print(f"[dim]rule: {escape(result['rule'])}[/]", highlight=False)
+
+
+@app.command("export-mllog")
+@friendly_errors
+def export_mllog_cmd(
+    run: Annotated[str, typer.Argument(help="Run id, a unique prefix, or 'latest'.")] = "latest",
+    output: Annotated[
+        str | None,
+        typer.Option("--output", "-o", help="File to write (default: runs/<run-id>/mllog.txt)."),
+    ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check", help="Run mlperf_logging's compliance checker on it; exit 1 if it fails."
+        ),
+    ] = False,
+    workspace: WorkspaceOpt = DEFAULT_WS,
+) -> None:
+    """Write one run as MLPerf MLLOG lines, timed from the ledger (needs mlperf-logging)."""
+    from pathlib import Path
+
+    from ledgerlm.ledger.mllog import RULES, check_mllog, export_mllog
+
+    with _open(workspace) as ledger:
+        summary = ledger.run_summary(ledger.resolve_run(run))
+    run_id = summary["run"]["id"]
+    path = export_mllog(
+        summary, Path(output) if output else Workspace(workspace).run_dir(run_id) / "mllog.txt"
+    )
+    status = "success" if summary["time_to_target"]["reached"] else "aborted"
+    line = f"{path}: MLLOG of run {run_id}, run_stop status {status}"
+    console.print(line, highlight=False, markup=False, soft_wrap=True)
+    if not check:
+        console.print(
+            f"check: python -m mlperf_logging.compliance_checker --werror --config {RULES} {path}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+        return
+    failures = check_mllog(path)
+    for failure in failures:
+        typer.echo(failure, err=True)
+    if failures:
+        typer.echo(f"compliance check FAILED ({len(failures)} problems)", err=True)
+        raise typer.Exit(1)
+    console.print(f"compliance check passed ({RULES.name})", highlight=False)

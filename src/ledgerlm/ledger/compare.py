@@ -1,0 +1,321 @@
+"""Comparing runs (SPEC T5): execution speed-ups apart from recipe changes, seeds apart.
+
+Everything here is computed from ``Ledger.run_summary`` dicts, so it works on any ledger
+and on hand-built summaries in tests. Three questions are kept separate:
+
+* **execution or recipe?** Against the first run (the baseline), a run that confirmed
+  the target at the same step with the same tokens needed the same training; any
+  difference in time-to-target is how fast that training (and the phases around it)
+  ran. A run that confirmed at another step needed a different amount of training:
+  the recipe changed what the target costs, whatever its steps cost.
+* **seeds**: runs whose recipes are equal once ``train.seed`` (and the run name, a
+  label) is removed are repetitions; they are reported as mean, min-max and sample
+  standard deviation, so a one-seed difference can be read against the seed spread.
+* **tuning or final?** The validation set is the one targets and comparisons are
+  decided on, i.e. the tuning set. A difference found there is not the final figure;
+  that needs a test-set evaluation, and today's ledger only measures the validation
+  set, which the output says instead of pretending otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+RULE = (
+    "time-to-target = wall time of all phases up to the first evaluation at or below "
+    "the target. Each run is compared with the first (baseline): 'not comparable' when "
+    "either run did not reach the target or their targets (metric, threshold) differ; "
+    "'execution' when both confirmed the target at the same step with the same tokens, "
+    "so the same training ran faster or slower (step time, prep, eval, checkpoint); "
+    "'recipe' when the confirmed steps or tokens differ, so the recipe changed how much "
+    "training the target needs. Steps to target are known only at evaluation "
+    "granularity (eval every N steps). Runs whose recipes are equal apart from "
+    "train.seed (and the run name) form one seed group: mean, min-max, sample std, n. "
+    "All of this is measured on the validation set, which is the tuning set: a recipe "
+    "difference found there is not the final figure, which needs a test-set evaluation."
+)
+NO_TEST = "final figure: not measured (no test set evaluation)"
+SHARE_KINDS = ("prep", "tokenize", "eval", "checkpoint")
+# Metric names that denote a held-out test split, e.g. "test", "test_loss", "test/loss".
+_TEST_METRIC = re.compile(r"^test($|[/_.:-])")
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def train_step_seconds(summary: Mapping[str, Any]) -> tuple[float | None, int | None]:
+    """Mean seconds per optimizer update over the run's closed train phases.
+
+    Seconds and updates come from the same phase rows (``step_end - step_start`` of each
+    closed train segment), so an open segment left by a crash counts on neither side.
+    A ledger without step bounds on its train phases falls back to the train total over
+    the ``optimizer_updates`` counter.
+    """
+    seconds, updates = 0.0, 0
+    for phase in summary.get("phases", []):
+        if phase.get("kind") != "train":
+            continue
+        s, a, b = _finite(phase.get("seconds")), phase.get("step_start"), phase.get("step_end")
+        if s is None or a is None or b is None:
+            continue
+        seconds += s
+        updates += int(b) - int(a)
+    if updates <= 0:
+        total = _finite(summary.get("phase_totals", {}).get("train"))
+        counted = summary.get("counters", {}).get("optimizer_updates")
+        if total is None or not counted:
+            return None, None
+        seconds, updates = total, int(counted)
+    return seconds / updates, updates
+
+
+def recipe_without_seed(recipe: Mapping[str, Any]) -> dict[str, Any]:
+    """The recipe with ``train.seed`` and the run name removed: what seed groups share."""
+    out = {k: v for k, v in recipe.items() if k != "name"}
+    if isinstance(out.get("train"), Mapping):
+        out["train"] = {k: v for k, v in out["train"].items() if k != "seed"}
+    return out
+
+
+def _seed(recipe: Mapping[str, Any]) -> Any:
+    train = recipe.get("train")
+    return train.get("seed") if isinstance(train, Mapping) else None
+
+
+def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(obj, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: obj}
+
+
+def recipe_diff(base: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
+    """``key: old -> new`` for every recipe value that differs (dotted keys, sorted)."""
+    a, b = _flatten(base), _flatten(other)
+    missing = object()
+    lines = []
+    for key in sorted(set(a) | set(b)):
+        old, new = a.get(key, missing), b.get(key, missing)
+        if old != new:
+            shown = ["-" if v is missing else json.dumps(v) for v in (old, new)]
+            lines.append(f"{key}: {shown[0]} -> {shown[1]}")
+    return lines
+
+
+def held_out_metrics(summary: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Test-split metrics of the run, or ``None`` when none was ever measured.
+
+    Taken from the confirming evaluation (the snapshot the target was confirmed on)
+    when it carries them, else from the last evaluation that does.
+    """
+    evals = list(summary.get("evaluations", []))
+    confirming = (summary.get("time_to_target") or {}).get("evaluation")
+    candidates = ([confirming] if confirming else []) + evals[::-1]
+    for ev in candidates:
+        found = {k: v for k, v in (ev.get("metrics") or {}).items() if _TEST_METRIC.match(k)}
+        if found:
+            return {"step": ev.get("step"), "snapshot": ev.get("snapshot"), "metrics": found}
+    return None
+
+
+def run_figures(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """What one run cost to reach its target, and where its wall time went."""
+    run = summary["run"]
+    ttt = summary["time_to_target"]
+    confirming = ttt.get("evaluation") or {}
+    total = float(summary.get("total_seconds") or 0.0)
+    totals = summary.get("phase_totals", {})
+    step_s, step_updates = train_step_seconds(summary)
+    kinds = dict.fromkeys([*SHARE_KINDS, *totals])
+    shares = {k: float(totals.get(k) or 0.0) / total if total > 0 else None for k in kinds}
+    return {
+        "id": run["id"],
+        "name": run.get("name"),
+        "status": run.get("status"),
+        "seed": _seed(run.get("recipe") or {}),
+        "target": {"metric": run.get("target_metric"), "threshold": run.get("target_value")},
+        "eval_every": run.get("eval_every"),
+        "reached": bool(ttt["reached"]),
+        "time_to_target": ttt["seconds"] if ttt["reached"] else None,
+        "steps_to_target": ttt["step"] if ttt["reached"] else None,
+        "tokens_to_target": confirming.get("tokens") if ttt["reached"] else None,
+        "targets_to_target": confirming.get("targets") if ttt["reached"] else None,
+        "updates_to_target": confirming.get("updates") if ttt["reached"] else None,
+        "confirming_value": (confirming.get("metrics") or {}).get(ttt["metric"])
+        if ttt["reached"]
+        else None,
+        "to_target_by_phase": dict(ttt.get("by_phase") or {}),
+        "total_seconds": total,
+        "train_step_seconds": step_s,
+        "train_step_updates": step_updates,
+        "phase_seconds": {k: float(v or 0.0) for k, v in totals.items()},
+        "shares": shares,
+        "test": held_out_metrics(summary),
+    }
+
+
+def spread(values: Sequence[float]) -> dict[str, Any]:
+    """Mean, min, max, sample standard deviation (``None`` below two values) and n."""
+    vals = [float(v) for v in values]
+    if not vals:
+        return {"n": 0, "mean": None, "min": None, "max": None, "std": None}
+    return {
+        "n": len(vals),
+        "mean": statistics.fmean(vals),
+        "min": min(vals),
+        "max": max(vals),
+        "std": statistics.stdev(vals) if len(vals) > 1 else None,
+    }
+
+
+def seed_groups(
+    summaries: Sequence[Mapping[str, Any]], figures: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Runs grouped by recipe-without-seed, in order of first appearance."""
+    groups: dict[str, dict[str, Any]] = {}
+    for summary, fig in zip(summaries, figures, strict=True):
+        key = json.dumps(recipe_without_seed(summary["run"].get("recipe") or {}), sort_keys=True)
+        g = groups.setdefault(key, {"runs": [], "seeds": [], "figures": []})
+        g["runs"].append(fig["id"])
+        g["seeds"].append(fig["seed"])
+        g["figures"].append(fig)
+    out = []
+    for index, g in enumerate(groups.values()):
+        figs = g.pop("figures")
+        reached = [f for f in figs if f["reached"]]
+        g.update(
+            group=index,
+            n=len(figs),
+            n_reached=len(reached),
+            distinct_seeds=len({json.dumps(s) for s in g["seeds"]}),
+            time_to_target=spread([f["time_to_target"] for f in reached]),
+            steps_to_target=spread([f["steps_to_target"] for f in reached]),
+            tokens_to_target=spread(
+                [f["tokens_to_target"] for f in reached if f["tokens_to_target"] is not None]
+            ),
+            train_step_seconds=spread(
+                [f["train_step_seconds"] for f in figs if f["train_step_seconds"] is not None]
+            ),
+        )
+        out.append(g)
+    return out
+
+
+def _pct(new: float, old: float) -> float | None:
+    return (new - old) / old * 100 if old else None
+
+
+def classify(
+    base: Mapping[str, Any],
+    other: Mapping[str, Any],
+    base_summary: Mapping[str, Any],
+    other_summary: Mapping[str, Any],
+) -> dict[str, Any]:
+    """One run against the baseline under ``RULE``."""
+    diff = recipe_diff(
+        base_summary["run"].get("recipe") or {}, other_summary["run"].get("recipe") or {}
+    )
+    out: dict[str, Any] = {
+        "run": other["id"],
+        "baseline": base["id"],
+        "recipe_diff": diff,
+        "seed_only": bool(diff) and all(line.startswith(("train.seed:", "name:")) for line in diff),
+    }
+    if base["target"] != other["target"]:
+        return {**out, "class": "not comparable", "reason": "different targets"}
+    missing = [f["id"] for f in (base, other) if not f["reached"]]
+    if missing:
+        return {
+            **out,
+            "class": "not comparable",
+            "reason": "target not reached by " + ", ".join(missing),
+        }
+    dt = other["time_to_target"] - base["time_to_target"]
+    out.update(
+        seconds_delta=dt,
+        seconds_ratio=other["time_to_target"] / base["time_to_target"]
+        if base["time_to_target"]
+        else None,
+        steps_delta=other["steps_to_target"] - base["steps_to_target"],
+        by_phase_delta={
+            k: other["to_target_by_phase"].get(k, 0.0) - base["to_target_by_phase"].get(k, 0.0)
+            for k in dict.fromkeys([*base["to_target_by_phase"], *other["to_target_by_phase"]])
+        },
+    )
+    same_steps = other["steps_to_target"] == base["steps_to_target"]
+    same_tokens = other["tokens_to_target"] == base["tokens_to_target"]
+    if same_steps and same_tokens:
+        if dt < 0:
+            reason = "same steps to target, faster"
+        elif dt > 0:
+            reason = "same steps to target, slower"
+        else:
+            reason = "same steps to target, same time"
+        bs, os_ = base["train_step_seconds"], other["train_step_seconds"]
+        if bs and os_:
+            out["step_seconds_ratio"] = os_ / bs
+            reason += f" (train step time x{os_ / bs:.2f})"
+        return {**out, "class": "execution", "reason": reason}
+    if same_steps:
+        reason = "same confirmed step but different tokens to target"
+    else:
+        fewer = "fewer" if other["steps_to_target"] < base["steps_to_target"] else "more"
+        reason = (
+            f"{fewer} steps to target ({other['steps_to_target']} vs {base['steps_to_target']})"
+        )
+    if out["seed_only"]:
+        reason += "; the recipes differ only by train.seed, so this is seed variation"
+    out["final"] = _final_figure(base, other)
+    return {**out, "class": "recipe", "reason": reason}
+
+
+def _final_figure(base: Mapping[str, Any], other: Mapping[str, Any]) -> str:
+    if base["test"] is None or other["test"] is None:
+        return NO_TEST
+    names = sorted(set(base["test"]["metrics"]) & set(other["test"]["metrics"]))
+    if not names:
+        return NO_TEST
+    name = names[0]
+    a, b = base["test"]["metrics"][name], other["test"]["metrics"][name]
+    if _finite(a) is None or _finite(b) is None:
+        return NO_TEST
+    return f"final figure: test {name} {b:.4f} vs {a:.4f} (baseline), delta {b - a:+.4f}"
+
+
+def compare_runs(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Compare runs, the first being the baseline; a JSON-able dict (see ``RULE``)."""
+    if not summaries:
+        raise ValueError("compare needs at least one run")
+    figures = [run_figures(s) for s in summaries]
+    base = figures[0]
+    comparisons = [
+        classify(base, fig, summaries[0], summary)
+        for fig, summary in zip(figures[1:], summaries[1:], strict=True)
+    ]
+    measured = [f for f in figures if f["test"] is not None]
+    if not measured:
+        final = NO_TEST
+    else:
+        final = (
+            f"final figure: test metrics measured for {len(measured)} of {len(figures)} runs "
+            "(see each run's test field)"
+        )
+    return {
+        "rule": RULE,
+        "baseline": base["id"],
+        "final_figure": final,
+        "validation_is_tuning_set": True,
+        "runs": figures,
+        "comparisons": comparisons,
+        "seed_groups": seed_groups(summaries, figures),
+    }

@@ -1,0 +1,268 @@
+"""The HTML report: escaping, curves, target line, confirming marks, phase bars, browser."""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from ledgerlm.ledger import Ledger
+from ledgerlm.ledger.compare import NO_TEST, RULE
+from ledgerlm.ledger.report import eval_seconds, nice_ticks, render_report
+from ledgerlm.workspace import Workspace
+
+THRESHOLD = 3.0
+EVIL = "<script>alert(1)</script>"
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def seed_run(
+    ledger: Ledger,
+    name: str,
+    recipe: dict,
+    *,
+    steps: int,
+    sec_per_step: float,
+    cross_step: int,
+    prep: float = 0.0,
+) -> str:
+    """SPEC T4: eval every 500 steps, 20 s each; the loss reaches 3.0 at ``cross_step``."""
+    run = ledger.create_run(
+        name, recipe, target_metric="val_loss", target_value=THRESHOLD, eval_every=500
+    )
+    if prep:
+        ledger.record_phase(run, "prep", prep)
+    for end in range(500, steps + 1, 500):
+        ledger.record_phase(run, "train", 500 * sec_per_step, step_start=end - 500, step_end=end)
+        eval_id = ledger.record_phase(run, "eval", 20.0, step_start=end, step_end=end)
+        ledger.add_evaluation(
+            run,
+            step=end,
+            tokens=end * 4096,
+            targets=end * 4000,
+            updates=end,
+            metrics={"val_loss": THRESHOLD + (cross_step - end) / 1000},
+            snapshot=f"step-{end}",
+            phase_id=eval_id,
+        )
+    ledger.record_phase(run, "checkpoint", 5.0, step_start=steps)
+    return run
+
+
+@pytest.fixture(scope="module")
+def ledger_ws(tmp_path_factory) -> tuple[Path, list[str]]:
+    """A workspace whose ledger holds A, D (SPEC T4), a run that never reaches the target
+    and a run named like a script, with a recipe value that is markup too."""
+    ws = tmp_path_factory.mktemp("report")
+    base = {"data": {"domain": "web"}, "train": {"seed": 0, "lr": 1e-3}}
+    with Ledger(Workspace(ws).ledger_path) as led:
+        ids = [
+            seed_run(led, "a", base, steps=2000, sec_per_step=1.0, cross_step=2000),
+            seed_run(led, "d", base, steps=2000, sec_per_step=0.9, cross_step=1200, prep=300),
+            seed_run(led, "slow", base, steps=1000, sec_per_step=1.0, cross_step=5000),
+            seed_run(
+                led,
+                EVIL,
+                {"data": {"domain": "<img src=x onerror=alert(2)>"}, "train": {"seed": 1}},
+                steps=1500,
+                sec_per_step=0.5,
+                cross_step=1000,
+            ),
+        ]
+    return ws, ids
+
+
+@pytest.fixture(scope="module")
+def summaries(ledger_ws) -> list[dict]:
+    ws, ids = ledger_ws
+    with Ledger(Workspace(ws).ledger_path) as led:
+        return [led.run_summary(r) for r in ids]
+
+
+@pytest.fixture(scope="module")
+def page(summaries) -> str:
+    return render_report(summaries)
+
+
+def svgs(page: str) -> list[ET.Element]:
+    """Every inline SVG, parsed as XML (which also proves each one is well formed)."""
+    return [ET.fromstring(m) for m in re.findall(r"<svg\b.*?</svg>", page, flags=re.S)]
+
+
+def by_class(root: ET.Element, cls: str) -> list[ET.Element]:
+    return [el for el in root.iter() if cls in (el.get("class") or "").split()]
+
+
+def test_text_from_the_ledger_is_escaped(page: str, summaries) -> None:
+    evil_id = summaries[3]["run"]["id"]
+    assert evil_id.startswith(EVIL)
+    assert "<script" not in page.lower()  # the page has no scripts at all
+    assert "<img" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "&lt;img src=x onerror=alert(2)&gt;" in page  # in the comparison's recipe diff
+    # In attributes too: the series of that run carries its id, escaped, as data-run.
+    line = svgs(page)[0]
+    assert evil_id in [g.get("data-run") for g in by_class(line, "series")]
+
+
+def test_one_series_per_run_on_each_loss_chart(page: str, summaries) -> None:
+    charts = svgs(page)
+    assert [c.get("data-axis") for c in charts] == ["seconds", "tokens", "updates", "phases"]
+    ids = [s["run"]["id"] for s in summaries]
+    for chart in charts[:3]:
+        series = by_class(chart, "series")
+        assert [g.get("data-run") for g in series] == ids
+        for g, s in zip(series, summaries, strict=True):
+            assert len(g.findall(f"{SVG}circle")) == len(s["evaluations"])
+            assert g.find(f"{SVG}polyline") is not None
+
+
+def test_target_line_on_each_loss_chart(page: str) -> None:
+    for chart in svgs(page)[:3]:
+        (target,) = by_class(chart, "target")
+        line = target.find(f"{SVG}line")
+        assert line.get("y1") == line.get("y2")
+        assert "".join(target.find(f"{SVG}text").itertext()) == "target 3"
+        # The line sits where a point of loss exactly 3.0 sits: A confirms at 3.0.
+        a_points = by_class(chart, "series")[0].findall(f"{SVG}circle")
+        assert a_points[-1].get("cy") == line.get("y1")
+
+
+def test_confirming_evaluation_is_marked(page: str, summaries) -> None:
+    ids = [s["run"]["id"] for s in summaries]
+    expected_index = {ids[0]: 3, ids[1]: 2, ids[3]: 1}  # A at 2000, D at 1500, evil at 1000
+    for chart in svgs(page)[:3]:
+        marks = by_class(chart, "confirm")
+        assert [m.get("data-run") for m in marks] == [ids[0], ids[1], ids[3]]  # not "slow"
+        series = {g.get("data-run"): g for g in by_class(chart, "series")}
+        for mark in marks:
+            ring = mark.find(f"{SVG}circle")
+            point = series[mark.get("data-run")].findall(f"{SVG}circle")[
+                expected_index[mark.get("data-run")]
+            ]
+            assert (ring.get("cx"), ring.get("cy")) == (point.get("cx"), point.get("cy"))
+            assert "target confirmed at step" in "".join(mark.find(f"{SVG}title").itertext())
+
+
+def test_time_axis_is_the_ledger_sum_that_time_to_target_is_made_of(summaries) -> None:
+    a, d = summaries[0], summaries[1]
+    assert eval_seconds(a) == pytest.approx([520, 1040, 1560, 2080])
+    assert eval_seconds(d) == pytest.approx([770, 1240, 1710, 2180])
+    assert eval_seconds(d)[2] == pytest.approx(d["time_to_target"]["seconds"])
+
+
+def test_phase_bars(page: str, summaries) -> None:
+    bars = svgs(page)[3]
+    groups = by_class(bars, "bar")
+    assert [g.get("data-run") for g in groups] == [s["run"]["id"] for s in summaries]
+    d_kinds = [r.get("data-phase") for r in by_class(groups[1], "phase")]
+    assert d_kinds == ["prep", "train", "eval", "checkpoint"]
+    widths = {r.get("data-phase"): float(r.get("width")) for r in by_class(groups[1], "phase")}
+    assert widths["train"] / widths["prep"] == pytest.approx(1800 / 300, rel=1e-2)
+    assert len(by_class(bars, "ttt")) == 3
+    assert "target not reached" in "".join(bars.itertext())
+
+
+def test_comparison_table_and_rules(page: str) -> None:
+    assert '<table class="compare">' in page
+    for text in ("baseline", "recipe", "not comparable", "fewer steps to target (1500 vs 2000)"):
+        assert text in page
+    assert NO_TEST in page
+    assert RULE.replace("'", "&#x27;") in page
+
+
+def test_gaps_and_edge_cases(summaries) -> None:
+    with pytest.raises(ValueError, match="at least one run"):
+        render_report([])
+    broken = {**summaries[0], "evaluations": [dict(e) for e in summaries[0]["evaluations"]]}
+    broken["evaluations"][1]["metrics"] = {"val_loss": math.nan}
+    html = render_report([broken])
+    (series,) = by_class(svgs(html)[0], "series")
+    assert len(series.findall(f"{SVG}circle")) == 3  # the failed measurement is a gap
+    assert "nan" not in html.lower()
+    assert nice_ticks(0, 2080) == [0, 500, 1000, 1500, 2000]
+    assert nice_ticks(2.95, 4.6)[0] == pytest.approx(3.0)
+
+
+def test_cli_writes_the_report(ledger_ws, tmp_path: Path) -> None:
+    ws, ids = ledger_ws
+    out = tmp_path / "sub" / "report.html"
+    exe = Path(sys.executable).with_name("ledgerlm")
+    proc = subprocess.run(
+        [str(exe), "report", ids[0], ids[1], "-o", str(out), "-w", str(ws)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"wrote {out} (2 run(s))" in proc.stdout
+    text = out.read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>")
+    assert ids[0] in text and ids[1] in text and ids[2] not in text
+
+
+# -- in a real browser --------------------------------------------------------------------
+
+
+def _browser():
+    """A headless Chromium driven by chromedriver, or a skip that says what is missing."""
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        pytest.skip("selenium is not installed (pip install -e '.[dev]')")
+    chromium = next(
+        (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p),
+        None,
+    )
+    driver_path = shutil.which("chromedriver")
+    if chromium is None or driver_path is None:
+        pytest.skip(
+            "chromium or chromedriver not found: run `make browser` "
+            "(Debian: apt-get install chromium chromium-driver)"
+        )
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(arg)
+    options.add_argument("--window-size=1280,1000")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
+
+
+def test_report_renders_in_headless_chromium(page: str, summaries, tmp_path: Path) -> None:
+    path = tmp_path / "report.html"
+    path.write_text(page, encoding="utf-8")
+    driver = _browser()
+    try:
+        driver.get(path.as_uri())
+        boxes = driver.execute_script(
+            "return Array.from(document.querySelectorAll('svg.chart')).map(s => {"
+            " const r = s.getBoundingClientRect();"
+            " return {axis: s.dataset.axis, w: r.width, h: r.height,"
+            "  series: s.querySelectorAll('g.series').length,"
+            "  lines: Array.from(s.querySelectorAll('g.series polyline, g.bar rect'))"
+            "   .map(e => e.getBoundingClientRect().width).filter(w => w > 0).length}; })"
+        )
+        assert [b["axis"] for b in boxes] == ["seconds", "tokens", "updates", "phases"]
+        for box in boxes:
+            assert box["w"] > 100 and box["h"] > 100, box
+            assert box["lines"] > 0, box
+        assert [b["series"] for b in boxes[:3]] == [len(summaries)] * 3
+        # The script-named run is text on the page, not code: no alert, shown verbatim.
+        assert driver.execute_script("return document.scripts.length") == 0
+        assert EVIL in driver.find_element("tag name", "body").text
+        errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+        assert errors == []
+        # The check can fail: an error on the console is seen by the same log.
+        driver.execute_script("console.error('probe')")
+        assert any("probe" in e["message"] for e in driver.get_log("browser"))
+    finally:
+        driver.quit()

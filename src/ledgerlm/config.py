@@ -134,13 +134,32 @@ class DataConfig(_Section):
         description="rebalance: each kept document weighs 1; preserve: its cluster size.",
     )
     split: Literal["cluster", "source", "document"] = Field(
-        "cluster", description="Unit of the train/val split; a cluster is never cut."
+        "cluster", description="Unit of the train/val/test split; a cluster is never cut."
     )
-    val_fraction: float = Field(0.05, gt=0.0, lt=1.0, description="Share of units held out.")
+    val_fraction: float = Field(
+        0.05, gt=0.0, lt=1.0, description="Share of units held out for validation (tuning)."
+    )
+    test_fraction: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Share of units held out as the test split (measured once, at the end); "
+        "0 = no test split, and every unit keeps the split it had without one.",
+    )
     split_seed: int = Field(0, description="Salt of the split hash.")
     shard_docs: int = Field(2_000, ge=1, description="Documents per Parquet shard.")
     executor: Literal["local", "ray"] = "local"
     workers: int = Field(0, ge=0, description="Parallel shard workers; 0 = all cores.")
+
+    @model_validator(mode="after")
+    def _held_out_leaves_train(self) -> DataConfig:
+        if self.val_fraction + self.test_fraction >= 1.0:
+            raise ValueError(
+                f"val_fraction + test_fraction must be < 1 (got {self.val_fraction} + "
+                f"{self.test_fraction} = {self.val_fraction + self.test_fraction:g}): "
+                "no unit would be left for train"
+            )
+        return self
 
     def inputs(self) -> list[InputConfig]:
         return [InputConfig(path=s) if isinstance(s, str) else s for s in self.sources]
@@ -153,6 +172,11 @@ class TokenizerConfig(_Section):
     min_frequency: int = Field(2, ge=1)
     max_train_chars: int = Field(
         20_000_000, ge=1, description="Characters of train text used to learn merges."
+    )
+    reuse: str | None = Field(
+        None,
+        description="Tokens version whose tokenizer encodes this data instead of a newly "
+        "trained one (continued pretraining sets it to the initial run's).",
     )
 
 
@@ -177,6 +201,12 @@ class ModelConfig(_Section):
     norm_eps: float = Field(1e-5, gt=0)
     tie_embeddings: bool = True
     init_std: float = Field(0.02, gt=0)
+    attention_backend: Literal["auto", "sdpa", "flex"] = Field(
+        "auto",
+        description="auto: flex_attention (isolated) or causal SDPA (cross) on CUDA, SDPA with "
+        "an explicit mask elsewhere; sdpa: always the explicit mask; flex: the fused path "
+        "on any device (CPU: no training).",
+    )
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelConfig:
@@ -239,6 +269,11 @@ class TrainConfig(_Section):
     checkpoint_every: int = Field(
         0, ge=0, description="Save a resumable checkpoint every N updates; 0 = only at the end."
     )
+    init_from: str | None = Field(
+        None,
+        description="Continued pretraining: start from this run's final weights (fresh "
+        "optimizer and schedule); its tokenizer is reused.",
+    )
 
     @model_validator(mode="after")
     def _token_schedule_has_length(self) -> TrainConfig:
@@ -248,12 +283,57 @@ class TrainConfig(_Section):
 
 
 class EvalConfig(_Section):
-    """The target contract: fixed validation tokens, metric, threshold, interval."""
+    """The target contract, fixed before a run: the validation set (``max_tokens`` shared
+    by domain), the metric, the threshold, the interval, the confirmation rule and the
+    budget. The contract is written to the ledger before training starts."""
 
-    every_steps: int = Field(50, ge=1)
+    every_steps: int = Field(50, ge=1, description="Evaluate every N optimizer updates.")
+    every_tokens: int = Field(
+        0,
+        ge=0,
+        description="Evaluate each time N more training tokens were consumed "
+        "(replaces every_steps when > 0).",
+    )
     max_tokens: int = Field(65_536, ge=16, description="Size of the fixed validation token set.")
+    metric: str = Field(
+        "loss",
+        pattern=r"^loss(/[^/\s]+)?$",
+        description="loss (nat/token over all domains) or loss/<domain>.",
+    )
     target_loss: float = Field(4.0, gt=0, description="Validation loss (nat/token) to confirm.")
+    confirm: int = Field(
+        1,
+        ge=1,
+        description="Consecutive evaluations at or below the target that confirm it; the "
+        "target is confirmed at the last of them.",
+    )
     stop_at_target: bool = Field(True, description="Stop training once the target is confirmed.")
+    budget_tokens: int = Field(
+        0, ge=0, description="Stop after this many training tokens; 0 = no token budget."
+    )
+    budget_seconds: float = Field(
+        0, ge=0, description="Stop once the run's wall time (all phases) reaches this; 0 = none."
+    )
+    asynchronous: bool = Field(
+        False,
+        description="Evaluate a snapshot of the weights in a background thread while "
+        "training continues; the result is bound to the snapshot's step and hash.",
+    )
+
+    def contract(self) -> dict[str, Any]:
+        """What the ledger stores as the run's target contract."""
+        return {
+            "metric": self.metric,
+            "unit": "nat/token",
+            "threshold": self.target_loss,
+            "confirm": self.confirm,
+            "every_steps": None if self.every_tokens else self.every_steps,
+            "every_tokens": self.every_tokens or None,
+            "val_max_tokens": self.max_tokens,
+            "budget_tokens": self.budget_tokens or None,
+            "budget_seconds": self.budget_seconds or None,
+            "asynchronous": self.asynchronous,
+        }
 
 
 class Recipe(_Section):

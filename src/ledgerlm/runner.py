@@ -32,15 +32,18 @@ import torch
 from ledgerlm.config import Recipe, TrainConfig, load_recipe, recipe_from_dict, recipe_to_toml
 from ledgerlm.data.pipeline import prepare_data
 from ledgerlm.ledger.clock import PhaseClock
+from ledgerlm.ledger.continued import before_after
 from ledgerlm.ledger.store import Ledger, LedgerError
 from ledgerlm.model.gpt import GPT
 from ledgerlm.progress import NullProgress, Progress
-from ledgerlm.tokens.loader import train_batches, validation_batches
+from ledgerlm.tokens.loader import test_batches, train_batches, validation_batches
+from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.shards import TokenStore, build_tokens
+from ledgerlm.train.budget import BudgetCallback
 from ledgerlm.train.callbacks import ProgressCallback, StepLog
-from ledgerlm.train.checkpoint import STATE, resolve_checkpoint
+from ledgerlm.train.checkpoint import STATE, load_checkpoint, resolve_checkpoint
 from ledgerlm.train.distributed import RankShard, World
-from ledgerlm.train.evaluate import EvalCallback, unigram_entropy, weights_digest
+from ledgerlm.train.evaluate import EvalCallback, evaluate, unigram_entropy, weights_digest
 from ledgerlm.train.loop import Trainer, TrainState
 from ledgerlm.train.optim import Optimizer, build_optimizer
 from ledgerlm.train.resume import CheckpointCallback, ResumedEval, load_training, save_training
@@ -55,6 +58,17 @@ class RunResult:
     summary: dict[str, Any]  # read back from the ledger (empty on ranks other than 0)
     unigram_entropy: float
     params: int
+    continued: list[dict[str, Any]] | None = None  # before/after rows (train.init_from)
+
+
+@dataclass(frozen=True)
+class InitSource:
+    """The finished run a continued-pretraining run starts from."""
+
+    run_id: str
+    recipe: Recipe
+    tokens_version: str
+    checkpoint: Path
 
 
 def _determinism(train: TrainConfig) -> None:
@@ -136,11 +150,15 @@ def _train(
     progress: Progress,
     resumed: dict[str, Any] | None = None,
     world: World | None = None,
+    started_at: float | None = None,
+    test: list[Batch] | None = None,
 ) -> TrainState:
-    """Train to max_steps or the target, checkpointing every ``checkpoint_every`` updates
-    and at the end; ``resumed`` is the trainer state of the checkpoint resumed from."""
+    """Train to max_steps, the target or the budget, checkpointing every
+    ``checkpoint_every`` updates and at the end; ``resumed`` is the trainer state of the
+    checkpoint resumed from; ``started_at`` is when the run's wall-time budget began."""
     model, optimizer, stream, evaluator = parts
     world = world or World()
+    started_at = time.time() if started_at is None else started_at
     _same_replicas(model, world)
     run_id = clock.run_id
     extra = {"run_id": run_id, "recipe_sha256": recipe.digest()}
@@ -156,6 +174,7 @@ def _train(
                 evaluator,
                 ProgressCallback(task),
                 CheckpointCallback(folder, recipe.train.checkpoint_every, extra),
+                BudgetCallback(recipe.eval, started_at),
             ],
             clock=clock,
             world=world,
@@ -168,8 +187,29 @@ def _train(
     ledger.add_event(run_id, "train_end", state.stop_reason, step=state.step)
     with ledger.phase(run_id, "checkpoint", step_start=state.step):
         save_training(folder, trainer, extra)
+    if test:
+        _test_once(ledger, trainer, evaluator, test)
     ledger.finish_run(run_id, "reached" if evaluator.reached_step is not None else "not reached")
     return state
+
+
+def _test_once(ledger: Ledger, trainer: Trainer, evaluator: EvalCallback, test: list[Batch]):
+    """Score the final weights once on the held-out test split (``data.test_fraction``).
+
+    The test set never decides anything during the run (the target is confirmed on
+    the validation set, which tuning also uses); it gives the final figure.
+    """
+    step = trainer.state.step
+    with ledger.phase(trainer.clock.run_id, "eval", step_start=step, what="test set, once"):
+        with trainer.autocast():
+            metrics = evaluate(trainer.model, test, evaluator.attention, evaluator.domains)
+        record = {
+            "step": step,
+            "snapshot": weights_digest(trainer.model),
+            "targets": sum(b.num_targets for b in test),
+            "metrics": {f"test/{k}": v for k, v in metrics.items()},
+        }
+    ledger.add_event(trainer.clock.run_id, "test_evaluation", json.dumps(record), step=step)
 
 
 def run_recipe(
@@ -184,14 +224,24 @@ def run_recipe(
     if not world.is_main:
         return _follow(recipe, workspace, world)
     handoff = Handoff(world)
+    _check_contract(recipe, world)
     ledger = Ledger(workspace.ledger_path)
+    init = None
+    if recipe.train.init_from:
+        try:
+            recipe, init = _init_source(recipe, ledger, workspace)
+        except BaseException:
+            ledger.close()
+            raise
     run_id = ledger.create_run(
         recipe.name,
         recipe.to_dict(),
-        target_metric="loss",
+        target_metric=recipe.eval.metric,
         target_value=recipe.eval.target_loss,
         eval_every=recipe.eval.every_steps,
+        meta={"contract": recipe.eval.contract()},
     )
+    started_at = time.time()
     clock = PhaseClock(ledger, run_id)
     run_dir = workspace.run_dir(run_id)
     try:
@@ -210,33 +260,120 @@ def run_recipe(
                     built_seconds=tokens.build_seconds,
                 )
             ledger.set_versions(run_id, data_version=data.version, tokens_version=tokens.version)
+            store = TokenStore(tokens.path)
+            _check_metric(recipe, store)
             handoff.send({"data": data.version, "tokens": tokens.version, "world": world.size})
 
             _determinism(recipe.train)
-            store = TokenStore(tokens.path)
             val, entropy = _validation(ledger, run_id, store, recipe)
             contract = {
-                "metric": "loss",
-                "unit": "nat/token",
-                "threshold": recipe.eval.target_loss,
+                **recipe.eval.contract(),
                 "val_targets": sum(b.num_targets for b in val),
                 "val_unigram_entropy": entropy,
-                "every_steps": recipe.eval.every_steps,
                 "ranks": world.size,
             }
             ledger.add_event(run_id, "target_contract", json.dumps(contract))
 
             model = GPT(recipe.model, store.vocab_size)
+            shift = None
+            if init is not None:
+                with ledger.phase(run_id, "restore", what=f"initial weights of {init.run_id}"):
+                    load_checkpoint(init.checkpoint, model)
+                shift = _BeforeAfter(init, workspace, recipe)
+                shift.score(ledger, run_id, "before", model, val, store.domains)
             optimizer = build_optimizer(model, recipe.train)
             t = recipe.train
             stream = RankShard(train_batches(store, recipe.pack, t.micro_batch_rows, t.seed), world)
             evaluator = EvalCallback(val, recipe.eval, recipe.pack.attention, store.domains)
             parts = (model, optimizer, stream, evaluator)
-            _train(ledger, clock, run_dir / "checkpoint", recipe, parts, progress, world=world)
+            folder = run_dir / "checkpoint"
+            test = test_batches(store, recipe.pack, recipe.eval, t.micro_batch_rows)
+            _train(ledger, clock, folder, recipe, parts, progress, None, world, started_at, test)
+            continued = None
+            if shift is not None:
+                shift.score(ledger, run_id, "after", model, None, store.domains)
+                continued = shift.report(ledger, run_id, evaluator.history[-1]["metrics"])
         summary = ledger.run_summary(run_id)
     finally:
         ledger.close()
-    return RunResult(run_id, data, tokens, summary, entropy, model.num_params())
+    return RunResult(run_id, data, tokens, summary, entropy, model.num_params(), continued)
+
+
+def _check_contract(recipe: Recipe, world: World) -> None:
+    if recipe.eval.asynchronous and world.distributed:
+        raise ValueError(
+            "eval.asynchronous = true runs evaluation in a background thread, which cannot "
+            "take part in torchrun's collectives; use synchronous evaluation under torchrun"
+        )
+    if recipe.train.init_from and world.distributed:
+        raise ValueError("train.init_from (continued pretraining) runs in one process")
+
+
+def _init_source(recipe: Recipe, ledger: Ledger, workspace: Workspace) -> tuple[Recipe, InitSource]:
+    """Resolve ``train.init_from`` to a finished run; the recipe it returns names that run
+    by id and reuses its tokenizer, so the stored recipe says exactly what was done."""
+    run_id = ledger.resolve_run(str(recipe.train.init_from))
+    run = ledger.run_summary(run_id)["run"]
+    if run["status"] not in ("reached", "not reached"):
+        raise LedgerError(f"train.init_from: run {run_id} has not finished ({run['status']})")
+    start = recipe_from_dict(run["recipe"])
+    if start.model != recipe.model:
+        a, b = start.model.model_dump(), recipe.model.model_dump()
+        diff = ", ".join(f"model.{k} {a[k]} != {b[k]}" for k in a if a[k] != b[k])
+        raise ValueError(f"train.init_from: run {run_id} has another model shape ({diff})")
+    tree = recipe.to_dict()
+    tree["train"]["init_from"] = run_id
+    reuse = tree["tokenizer"]["reuse"]
+    if reuse not in (None, run["tokens_version"]):
+        raise ValueError(
+            f"tokenizer.reuse = {reuse!r}, but run {run_id} was trained with the tokenizer "
+            f"of tokens version {run['tokens_version']}"
+        )
+    tree["tokenizer"]["reuse"] = run["tokens_version"]
+    folder = workspace.run_dir(run_id) / "checkpoint"
+    return recipe_from_dict(tree), InitSource(run_id, start, run["tokens_version"], folder)
+
+
+class _BeforeAfter:
+    """Scores the model on the new and the initial run's validation sets, before and
+    after training, each time as an ``eval`` phase of this run."""
+
+    def __init__(self, init: InitSource, workspace: Workspace, recipe: Recipe) -> None:
+        self.init, self.recipe = init, recipe
+        store = TokenStore(_version(workspace, "tokens", init.tokens_version).path)
+        rows = recipe.train.micro_batch_rows
+        self.old_val = validation_batches(store, init.recipe.pack, init.recipe.eval, rows)
+        self.old_domains = store.domains
+        self.scores: dict[str, dict[str, float]] = {}
+
+    def score(self, ledger: Ledger, run_id: str, when: str, model, new_val, domains) -> None:
+        bf16 = self.recipe.train.precision == "bf16"
+        step = 0 if when == "before" else None
+        with (
+            ledger.phase(run_id, "eval", step_start=step, what=f"continued pretraining: {when}"),
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16),
+        ):
+            if new_val is not None:
+                attention = self.recipe.pack.attention
+                self.scores[f"new_{when}"] = evaluate(model, new_val, attention, domains)
+            attention = self.init.recipe.pack.attention
+            self.scores[f"old_{when}"] = evaluate(model, self.old_val, attention, self.old_domains)
+
+    def report(self, ledger: Ledger, run_id: str, new_after: dict[str, float]) -> list[dict]:
+        sc = self.scores
+        rows = before_after(sc["new_before"], new_after, sc["old_before"], sc["old_after"])
+        message = json.dumps({"init_from": self.init.run_id, "rows": rows})
+        ledger.add_event(run_id, "continued_pretraining", message)
+        return rows
+
+
+def _check_metric(recipe: Recipe, store: TokenStore) -> None:
+    metric = recipe.eval.metric
+    if metric != "loss" and metric.split("/", 1)[1] not in store.domains:
+        raise ValueError(
+            f"eval.metric = {metric!r}: the token version has no such domain "
+            f"(domains: {', '.join(store.domains)})"
+        )
 
 
 def _version(workspace: Workspace, kind: str, version: str | None) -> BuiltVersion:
@@ -287,10 +424,20 @@ def resume_run(
                 )
         clock = PhaseClock(ledger, run_id)
         with handoff.guard(), _run_lock(run_dir):
+            # The killed process's open phases end at their last heartbeat (a lower bound
+            # of what it spent); only now, under the lock, is no live process writing them.
+            closed = ledger.close_open_phases(run_id, "resume")
+            if closed:
+                message = [{k: p[k] for k in ("id", "kind", "seconds")} for p in closed]
+                ledger.add_event(run_id, "closed_open_phases", json.dumps(message))
             ledger.finish_run(run_id, "running")
+            # The wall-time budget counts the work recorded so far, not the time between
+            # the kill and this resume.
+            started_at = time.time() - ledger.run_summary(run_id)["total_seconds"]
             with _failing(ledger, clock, run_id):
                 with ledger.phase(run_id, "restore") as ph:
                     recipe = load_recipe(run_dir / "recipe.toml")
+                    _check_contract(recipe, world)
                     data = _version(workspace, "data", run["data_version"])
                     tokens = _version(workspace, "tokens", run["tokens_version"])
                     handoff.send(
@@ -316,7 +463,11 @@ def resume_run(
                     step=saved["step"],
                 )
                 parts = (model, optimizer, stream, evaluator)
-                _train(ledger, clock, folder, recipe, parts, progress, saved["trainer"], world)
+                resumed = saved["trainer"]
+                test = test_batches(store, recipe.pack, recipe.eval, recipe.train.micro_batch_rows)
+                _train(
+                    ledger, clock, folder, recipe, parts, progress, resumed, world, started_at, test
+                )
         summary = ledger.run_summary(run_id)
     finally:
         ledger.close()
@@ -373,7 +524,7 @@ def _follow(recipe: Recipe | None, workspace: Workspace, world: World) -> RunRes
         recipe.train,
         stream,
         recipe.pack.attention,
-        callbacks=[evaluator],
+        callbacks=[evaluator, BudgetCallback(recipe.eval, time.time())],
         world=world,
     )
     if resumed is not None:

@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from ledgerlm.config import DataConfig, InputConfig
-from ledgerlm.data import passes
+from ledgerlm.config import DataConfig, InputConfig, RecipeError, load_recipe
+from ledgerlm.data import manifest, passes, pipeline
 from ledgerlm.data.pipeline import DataError, prepare_data, split_of
 from ledgerlm.workspace import Workspace, file_sha256
 
@@ -270,3 +270,108 @@ def test_ray_executor_gives_byte_identical_output(tmp_path, corpus):
     assert names == [f["path"] for f in on_ray.manifest["files"]]
     for name in [*names, "drops.parquet", "quarantine.parquet", "manifest.json"]:
         assert (local.path / name).read_bytes() == (on_ray.path / name).read_bytes(), name
+
+
+# -- the held-out test split ----------------------------------------------------------------
+
+
+def _split_before_test_existed(unit: str, val_fraction: float, seed: int) -> str:
+    """``split_of`` as it was before ``test_fraction`` (verbatim), to compare against."""
+    import hashlib
+
+    h = hashlib.blake2b(f"{seed}:{unit}".encode(), digest_size=8).digest()
+    return "val" if int.from_bytes(h, "big") / 2**64 < val_fraction else "train"
+
+
+@pytest.mark.parametrize("val_fraction", [0.01, 0.05, 0.2, 0.5, 0.999])
+@pytest.mark.parametrize("seed", [0, 7])
+def test_test_fraction_zero_keeps_every_units_split(val_fraction, seed):
+    units = [f"doc-{i}" for i in range(5000)] + ["", "web-1", "ünïcode/ключ", "a" * 300]
+    for unit in units:
+        before = _split_before_test_existed(unit, val_fraction, seed)
+        assert split_of(unit, val_fraction, seed) == before
+        assert split_of(unit, val_fraction, seed, test_fraction=0.0) == before
+
+
+def test_split_fractions_are_respected_and_deterministic():
+    units = [f"cluster-{i}" for i in range(20_000)]
+    splits = [split_of(u, 0.1, 3, 0.2) for u in units]
+    shares = {s: splits.count(s) / len(units) for s in ("train", "val", "test")}
+    assert shares["val"] == pytest.approx(0.1, abs=0.015)
+    assert shares["test"] == pytest.approx(0.2, abs=0.015)
+    assert shares["train"] == pytest.approx(0.7, abs=0.015)
+    assert splits == [split_of(u, 0.1, 3, 0.2) for u in reversed(units)][::-1]
+    assert splits != [split_of(u, 0.1, 4, 0.2) for u in units]
+    # adding a test split leaves the val set alone and only takes units from train
+    without = [split_of(u, 0.1, 3) for u in units]
+    for a, b in zip(without, splits, strict=True):
+        assert a == b or (a, b) == ("train", "test")
+
+
+def test_test_fraction_is_validated(tmp_path):
+    from pydantic import ValidationError
+
+    assert DataConfig().test_fraction == 0.0
+    assert DataConfig(val_fraction=0.3, test_fraction=0.6).test_fraction == 0.6
+    with pytest.raises(ValidationError, match="test_fraction"):
+        DataConfig(test_fraction=-0.1)
+    with pytest.raises(ValidationError, match="test_fraction"):
+        DataConfig(test_fraction=1.0)
+    with pytest.raises(ValidationError, match=r"val_fraction \+ test_fraction must be < 1"):
+        DataConfig(val_fraction=0.5, test_fraction=0.5)
+    path = tmp_path / "r.toml"
+    path.write_text("[data]\nval_fraction = 0.3\ntest_fraction = 0.8\n")
+    with pytest.raises(RecipeError, match=r"data: .*val_fraction \+ test_fraction must be < 1"):
+        load_recipe(path)
+
+
+def test_a_test_split_is_built_per_cluster_and_counted(tmp_path, corpus):
+    folder, expected = corpus
+    result = prepare_data(_config(folder, test_fraction=0.2), Workspace(tmp_path / "ws"))
+    m, c = result.manifest, result.manifest["counts"]
+    assert c["kept"] == expected["kept"]
+    assert set(c["by_split"]) == {"train", "val", "test"}
+    assert sum(c["by_split"].values()) == c["kept"]
+    assert all(n > 0 for n in c["by_split"].values())
+    assert m["split"]["test_fraction"] == 0.2 and m["split"]["splits"] == ["train", "val", "test"]
+    seen: dict[str, str] = {}
+    for f in m["files"]:
+        rows = pq.read_table(result.path / f["path"]).to_pylist()
+        assert f["path"].startswith(f"{f['split']}-") and f["rows"] == len(rows)
+        for row in rows:
+            assert split_of(row["cluster_id"], 0.2, 0, 0.2) == f["split"]  # per cluster
+            assert row["id"] not in seen  # no document in two splits (or twice in one)
+            seen[row["id"]] = f["split"]
+    assert len(seen) == c["kept"]
+    for split, n in c["by_split"].items():
+        assert list(seen.values()).count(split) == n
+        domains = [r for r in c["by_split_domain"] if r["split"] == split]
+        assert sum(r["documents"] for r in domains) == n
+    order = ["train", "val", "test"]
+    assert [r["split"] for r in c["by_split_domain"]] == sorted(
+        (r["split"] for r in c["by_split_domain"]), key=order.index
+    )
+    assert [f["split"] for f in m["files"]] == sorted(
+        (f["split"] for f in m["files"]), key=["train", "val", "test"].index
+    )
+    # the val set is the one a build without a test split has: test units come from train
+    plain = prepare_data(_config(folder), Workspace(tmp_path / "plain"))
+    assert plain.version != result.version
+    assert plain.manifest["counts"]["by_split"]["test"] == 0
+    assert not [f for f in plain.manifest["files"] if f["split"] == "test"]
+    plain_val = {r["id"] for r in _all_rows(plain) if split_of(r["cluster_id"], 0.2, 0) == "val"}
+    assert plain_val == {i for i, s in seen.items() if s == "val"}
+
+
+def test_split_counts_that_disagree_with_the_files_are_not_published(tmp_path, corpus, monkeypatch):
+    folder, _ = corpus
+    real = manifest.build_manifest
+
+    def lose_the_test_files(**kw):
+        return real(**{**kw, "files": [f for f in kw["files"] if f["split"] != "test"]})
+
+    monkeypatch.setattr(pipeline, "build_manifest", lose_the_test_files)
+    ws = Workspace(tmp_path / "ws")
+    with pytest.raises(manifest.ConservationError, match="documents per split"):
+        prepare_data(_config(folder, test_fraction=0.2), ws)
+    assert ws.versions("data") == []

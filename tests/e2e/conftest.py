@@ -1,20 +1,10 @@
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "configs" / "tiny.toml"
+from cli_runner import ROOT, TINY, ledgerlm
 
-
-def ledgerlm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """Run the installed console script as a user would."""
-    exe = Path(sys.executable).with_name("ledgerlm")
-    proc = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"ledgerlm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc
+__all__ = ["ROOT", "TINY", "ledgerlm", "tiny_workspace"]  # e2e modules import from here
 
 
 @pytest.fixture(scope="session")

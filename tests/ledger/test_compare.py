@@ -3,61 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_runner import TINY, ledgerlm
 from ledgerlm.ledger import Ledger
 from ledgerlm.ledger.compare import NO_TEST, RULE, compare_runs, recipe_diff, train_step_seconds
 from ledgerlm.workspace import Workspace
-
-THRESHOLD = 3.0
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "configs" / "tiny.toml"
+from seed_ledger import seed_run
 
 
 def recipe(seed: int = 0, lr: float = 1e-3, name: str = "r", **train) -> dict:
     return {"name": name, "train": {"seed": seed, "lr": lr, **train}, "eval": {"target": 3.0}}
-
-
-def seed_run(
-    ledger: Ledger,
-    name: str,
-    rec: dict,
-    *,
-    steps: int,
-    sec_per_step: float,
-    cross_step: int,
-    prep: float = 0.0,
-    threshold: float = THRESHOLD,
-    test_loss: float | None = None,
-) -> str:
-    """SPEC T4: eval every 500 steps, each eval phase 20 s, loss reaching 3.0 at cross_step."""
-    run = ledger.create_run(
-        name, rec, target_metric="val_loss", target_value=threshold, eval_every=500
-    )
-    if prep:
-        ledger.record_phase(run, "prep", prep)
-    for end in range(500, steps + 1, 500):
-        ledger.record_phase(run, "train", 500 * sec_per_step, step_start=end - 500, step_end=end)
-        eval_id = ledger.record_phase(run, "eval", 20.0, step_start=end, step_end=end)
-        metrics = {"val_loss": THRESHOLD + (cross_step - end) / 1000}
-        if test_loss is not None:
-            metrics["test_loss"] = test_loss + (cross_step - end) / 1000
-        ledger.add_evaluation(
-            run,
-            step=end,
-            tokens=end * 4096,
-            targets=end * 4000,
-            updates=end,
-            metrics=metrics,
-            snapshot=f"step-{end}",
-            phase_id=eval_id,
-        )
-    return run
 
 
 @pytest.fixture
@@ -196,7 +154,7 @@ def test_final_figure_needs_a_test_split(ledger: Ledger) -> None:
     assert result["runs"][0]["test"]["step"] == 2000
     assert result["runs"][1]["test"]["metrics"] == {"test_loss": pytest.approx(3.1)}
     (cmp,) = result["comparisons"]
-    assert cmp["final"] == "final figure: test test_loss 3.1000 vs 3.2000 (baseline), delta -0.1000"
+    assert cmp["final"] == "final figure: test_loss 3.1000 vs 3.2000 (baseline), delta -0.1000"
 
 
 def test_hand_built_summary_without_step_bounds_uses_the_update_counter() -> None:
@@ -225,20 +183,6 @@ def test_recipe_diff_and_empty_input() -> None:
 
 
 # -- the command line -------------------------------------------------------------------
-
-
-def ledgerlm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    exe = Path(sys.executable).with_name("ledgerlm")
-    proc = subprocess.run(
-        [str(exe), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"ledgerlm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc
 
 
 def test_cli_escapes_markup_in_run_names(tmp_path: Path) -> None:

@@ -9,50 +9,13 @@ import re
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from ledgerlm.ledger import Ledger, LedgerError, time_to_target
-
-THRESHOLD = 3.0
-
-
-def _loss(step: int, cross_step: int) -> float:
-    """A straight loss curve that reaches THRESHOLD exactly at ``cross_step``."""
-    return THRESHOLD + (cross_step - step) / 1000
-
-
-def _seed_run(
-    ledger: Ledger,
-    name: str,
-    *,
-    steps: int,
-    sec_per_step: float,
-    cross_step: int,
-    prep: float = 0.0,
-) -> str:
-    """SPEC T4: eval every 500 steps, each eval phase takes 20 s."""
-    run = ledger.create_run(
-        name, {"seed": 0}, target_metric="val_loss", target_value=THRESHOLD, eval_every=500
-    )
-    if prep:
-        ledger.record_phase(run, "prep", prep)
-    for end in range(500, steps + 1, 500):
-        ledger.record_phase(run, "train", 500 * sec_per_step, step_start=end - 500, step_end=end)
-        eval_id = ledger.record_phase(run, "eval", 20.0, step_start=end, step_end=end)
-        ledger.add_evaluation(
-            run,
-            step=end,
-            tokens=end * 4096,
-            targets=end * 4096,
-            updates=end,
-            metrics={"val_loss": _loss(end, cross_step)},
-            snapshot=f"step-{end}",
-            phase_id=eval_id,
-        )
-    ledger.finish_run(run, "running")
-    return run
+from seed_ledger import THRESHOLD, seed_run
 
 
 @pytest.fixture
@@ -80,8 +43,14 @@ def test_seed_example(
     expected_s: float,
     expected_step: int,
 ) -> None:
-    run = _seed_run(
-        ledger, "seed", steps=steps, sec_per_step=sec_per_step, cross_step=cross, prep=prep
+    run = seed_run(
+        ledger,
+        "seed",
+        steps=steps,
+        sec_per_step=sec_per_step,
+        cross_step=cross,
+        prep=prep,
+        finish="running",
     )
     ttt = ledger.run_summary(run)["time_to_target"]
     assert ttt["reached"] is True
@@ -91,7 +60,9 @@ def test_seed_example(
 
 
 def test_seed_example_d_by_phase(ledger: Ledger) -> None:
-    run = _seed_run(ledger, "d", steps=2000, sec_per_step=0.9, cross_step=1200, prep=300.0)
+    run = seed_run(
+        ledger, "d", steps=2000, sec_per_step=0.9, cross_step=1200, prep=300.0, finish="running"
+    )
     summary = ledger.run_summary(run)
     assert summary["time_to_target"]["by_phase"] == pytest.approx(
         {"prep": 300.0, "train": 1350.0, "eval": 60.0}
@@ -101,7 +72,7 @@ def test_seed_example_d_by_phase(ledger: Ledger) -> None:
 
 
 def test_never_met_is_not_reached(ledger: Ledger) -> None:
-    run = _seed_run(ledger, "slow", steps=1000, sec_per_step=1.0, cross_step=5000)
+    run = seed_run(ledger, "slow", steps=1000, sec_per_step=1.0, cross_step=5000, finish="running")
     ttt = ledger.run_summary(run)["time_to_target"]
     assert ttt["reached"] is False
     assert ttt["status"] == "not reached"
@@ -204,7 +175,7 @@ def test_second_ledger_sees_rows_and_file_is_sound(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        assert version[0] == "1"
+        assert version[0] == "2"
     conn.close()
 
 
@@ -297,3 +268,172 @@ def test_steps_are_stored_per_update_and_summarized(tmp_path):
             "tokens": 300,
             "targets": 276,
         }
+
+
+# -- schema version 2: phase heartbeats, closing what a killed process left open ------
+
+# The schema as version 1 of this code wrote it (phases without beat_at).
+_SCHEMA_V1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE runs (
+    id TEXT PRIMARY KEY, name TEXT, created_at REAL, status TEXT, recipe_json TEXT,
+    data_version TEXT, tokens_version TEXT, target_metric TEXT, target_value REAL,
+    eval_every INTEGER, meta_json TEXT
+);
+CREATE TABLE phases (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT REFERENCES runs(id), kind TEXT,
+    started_at REAL, ended_at REAL NULL, seconds REAL NULL, step_start INTEGER NULL,
+    step_end INTEGER NULL, detail_json TEXT
+);
+CREATE TABLE evaluations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT REFERENCES runs(id),
+    phase_id INTEGER REFERENCES phases(id), step INTEGER, tokens INTEGER, targets INTEGER,
+    updates INTEGER, snapshot TEXT, metrics_json TEXT, created_at REAL
+);
+CREATE TABLE counters (
+    run_id TEXT REFERENCES runs(id), name TEXT, value REAL, PRIMARY KEY (run_id, name)
+);
+CREATE TABLE steps (
+    run_id TEXT REFERENCES runs(id), step INTEGER, tokens INTEGER, targets INTEGER,
+    loss REAL, grad_norm REAL, lr REAL, PRIMARY KEY (run_id, step)
+);
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT REFERENCES runs(id),
+    step INTEGER NULL, kind TEXT, message TEXT, created_at REAL
+);
+CREATE INDEX phases_run ON phases(run_id, id);
+CREATE INDEX evaluations_run ON evaluations(run_id, step, id);
+CREATE INDEX events_run ON events(run_id, id);
+INSERT INTO meta VALUES ('schema_version', '1');
+INSERT INTO runs VALUES ('old-run', 'old', 1000.0, 'running', '{"lr": 0.1}', 'd1', 't1',
+    'loss', 3.0, 10, '{}');
+INSERT INTO phases(run_id, kind, started_at, ended_at, seconds, step_start, step_end,
+    detail_json) VALUES ('old-run', 'prep', 1000.0, 1002.5, 2.5, NULL, NULL, '{}');
+INSERT INTO phases(run_id, kind, started_at, ended_at, seconds, step_start, step_end,
+    detail_json) VALUES ('old-run', 'eval', 1002.5, 1003.5, 1.0, 10, 10, '{}');
+INSERT INTO phases(run_id, kind, started_at, step_start, detail_json)
+    VALUES ('old-run', 'train', 1003.5, 10, '{"note": "killed"}');
+INSERT INTO evaluations(run_id, phase_id, step, tokens, targets, updates, snapshot,
+    metrics_json, created_at) VALUES ('old-run', 2, 10, 640, 600, 10, 'abc',
+    '{"loss": 2.5}', 1003.5);
+"""
+
+
+def _old_ledger(path: Path) -> None:
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.executescript(_SCHEMA_V1)
+    conn.close()
+
+
+def _columns(path: Path, table: str) -> list[str]:
+    conn = sqlite3.connect(path)
+    try:
+        return [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
+    finally:
+        conn.close()
+
+
+def test_a_version_1_file_is_migrated_and_its_rows_still_load(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    _old_ledger(path)
+    assert "beat_at" not in _columns(path, "phases")
+    with Ledger(path) as ledger:
+        summary = ledger.run_summary("old-run")
+        assert [p["kind"] for p in summary["phases"]] == ["prep", "eval", "train"]
+        assert [p["beat_at"] for p in summary["phases"]] == [None, None, None]
+        assert summary["phases"][2]["detail"] == {"note": "killed"}
+        assert summary["phase_totals"] == {"prep": 2.5, "eval": 1.0, "train": 0.0}
+        assert summary["open_phases"] == 1
+        assert summary["evaluations"][0]["metrics"] == {"loss": 2.5}
+        assert summary["time_to_target"]["seconds"] == pytest.approx(3.5)
+        # The migrated file takes the new writes.
+        ledger.beat(3, step=12)
+        (closed,) = ledger.close_open_phases("old-run", "resume")
+        assert closed["seconds"] > 0 and closed["step_end"] == 12
+    assert _columns(path, "phases")[-1] == "beat_at"
+    with Ledger(path) as again:  # a second open changes nothing
+        assert again.run_summary("old-run")["open_phases"] == 0
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'")
+        assert version.fetchone()[0] == "2"
+    finally:
+        conn.close()
+
+
+def test_a_file_from_newer_code_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    _old_ledger(path)
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(LedgerError, match="schema_version 3, this code reads up to 2"):
+        Ledger(path)
+    assert "beat_at" not in _columns(path, "phases")  # the refusal rolled back
+
+
+def _dead_phase(path: Path, run: str, kind: str, started_at: float) -> int:
+    """An open phase row as a process killed mid-phase leaves it."""
+    conn = sqlite3.connect(path)
+    try:
+        cur = conn.execute(
+            "INSERT INTO phases(run_id, kind, started_at, step_start, detail_json)"
+            " VALUES (?, ?, ?, 0, '{\"lr\": 0.1}')",
+            (run, kind, started_at),
+        )
+        conn.commit()
+        return int(cur.lastrowid)
+    finally:
+        conn.close()
+
+
+def test_beat_and_close_open_phases(ledger: Ledger) -> None:
+    run = ledger.create_run("k", {}, target_metric="val_loss", target_value=3.0, eval_every=1)
+    other = ledger.create_run("o", {}, target_metric="val_loss", target_value=3.0, eval_every=1)
+    done = ledger.record_phase(run, "prep", 1.5)
+    now = time.time()
+    train = _dead_phase(ledger.path, run, "train", now - 10.0)
+    evaluation = _dead_phase(ledger.path, run, "eval", now - 1.0)  # never beat
+    elsewhere = _dead_phase(ledger.path, other, "train", now - 5.0)
+
+    ledger.beat(train, step=3)
+    first = ledger.run_summary(run)["phases"][1]["beat_at"]
+    ledger.beat(train)  # no step: step_end stays
+    ledger.beat(done, step=99)  # an ended phase is left alone
+    summary = ledger.run_summary(run)
+    beaten = summary["phases"][1]
+    assert beaten["beat_at"] >= first >= beaten["started_at"] and beaten["step_end"] == 3
+    assert beaten["ended_at"] is None and beaten["seconds"] is None
+    assert summary["phases"][0]["beat_at"] is None and summary["phases"][0]["step_end"] is None
+    assert summary["open_phases"] == 2 and summary["total_seconds"] == pytest.approx(1.5)
+
+    closed = ledger.close_open_phases(run, "resume")
+    assert [p["id"] for p in closed] == [train, evaluation]
+    assert closed[0]["ended_at"] == beaten["beat_at"]
+    assert closed[0]["seconds"] == pytest.approx(beaten["beat_at"] - beaten["started_at"])
+    assert closed[0]["seconds"] == pytest.approx(10.0, abs=1.0)
+    assert closed[0]["detail"] == {"lr": 0.1, "closed_by": "resume", "killed": True}
+    assert (closed[1]["ended_at"], closed[1]["seconds"]) == (closed[1]["started_at"], 0.0)
+    assert closed[1]["detail"]["killed"] is True
+
+    after = ledger.run_summary(run)
+    assert after["open_phases"] == 0
+    assert after["phases"][1:] == closed  # what was returned is what is stored
+    assert after["phase_totals"] == pytest.approx(
+        {"prep": 1.5, "train": closed[0]["seconds"], "eval": 0.0}
+    )
+    # Time-to-target sums now charge the killed segment up to its last heartbeat.
+    confirm = [{"step": 3, "metrics": {"val_loss": 1.0}, "phase_id": evaluation}]
+    verdict = time_to_target(after["phases"], confirm, "val_loss", THRESHOLD)
+    assert verdict.seconds == pytest.approx(1.5 + closed[0]["seconds"])
+
+    assert ledger.close_open_phases(run, "resume") == []  # nothing left open
+    ledger.beat(train, step=7)  # a late beat cannot reopen or move a closed phase
+    assert ledger.run_summary(run)["phases"][1:] == closed
+    assert ledger.run_summary(other)["open_phases"] == 1  # other runs untouched
+    assert ledger.run_summary(other)["phases"][0]["id"] == elsewhere
+    with pytest.raises(LedgerError, match="no run"):
+        ledger.close_open_phases("nope", "resume")

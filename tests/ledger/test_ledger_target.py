@@ -124,3 +124,16 @@ def test_property_sum_up_to_first_confirming_eval(segments: list, data: st.DataO
         assert result.seconds <= later + slack
     for earlier in cumulative[:first]:
         assert result.seconds >= earlier - slack
+
+
+def test_confirmation_needs_consecutive_evaluations() -> None:
+    # A lucky dip at step 200 is not confirmed by 2 consecutive evaluations; 400 and 500 are.
+    losses = [4.0, 2.9, 3.2, 2.8, 2.7, 2.6]
+    phases, evals = _run([(10.0, 1.0, x) for x in losses])
+    assert time_to_target(phases, evals, "val_loss", 3.0).step == 200
+    two = time_to_target(phases, evals, "val_loss", 3.0, confirm=2)
+    assert two.step == 500 and two.seconds == pytest.approx(55.0)
+    assert time_to_target(phases, evals, "val_loss", 3.0, confirm=3).step == 600
+    assert not time_to_target(phases, evals, "val_loss", 3.0, confirm=5).reached
+    with pytest.raises(ValueError):
+        time_to_target(phases, evals, "val_loss", 3.0, confirm=0)

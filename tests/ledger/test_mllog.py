@@ -16,14 +16,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cli_runner import TINY, ledgerlm
 from ledgerlm.cli import ledger_cmd
 from ledgerlm.config import load_recipe
 from ledgerlm.ledger import Ledger
 from ledgerlm.ledger.clock import PhaseClock
 from ledgerlm.ledger.mllog import RULES, MLLogUnavailable, check_mllog, export_mllog
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "configs" / "tiny.toml"
 TOKEN = ":::MLLOG "
 
 
@@ -31,14 +30,6 @@ TOKEN = ":::MLLOG "
 def mlperf():
     """The exporter and the checker need mlperf-logging (a dev extra)."""
     pytest.importorskip("mlperf_logging")
-
-
-def ledgerlm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    exe = Path(sys.executable).with_name("ledgerlm")
-    proc = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"ledgerlm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc
 
 
 def read(path: Path) -> list[dict]:

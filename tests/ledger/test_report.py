@@ -5,69 +5,37 @@ from __future__ import annotations
 import math
 import re
 import shutil
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from cli_runner import ledgerlm
 from ledgerlm.ledger import Ledger
 from ledgerlm.ledger.compare import NO_TEST, RULE
 from ledgerlm.ledger.report import eval_seconds, nice_ticks, render_report
 from ledgerlm.workspace import Workspace
+from seed_ledger import seed_run
 
-THRESHOLD = 3.0
 EVIL = "<script>alert(1)</script>"
 SVG = "{http://www.w3.org/2000/svg}"
-
-
-def seed_run(
-    ledger: Ledger,
-    name: str,
-    recipe: dict,
-    *,
-    steps: int,
-    sec_per_step: float,
-    cross_step: int,
-    prep: float = 0.0,
-) -> str:
-    """SPEC T4: eval every 500 steps, 20 s each; the loss reaches 3.0 at ``cross_step``."""
-    run = ledger.create_run(
-        name, recipe, target_metric="val_loss", target_value=THRESHOLD, eval_every=500
-    )
-    if prep:
-        ledger.record_phase(run, "prep", prep)
-    for end in range(500, steps + 1, 500):
-        ledger.record_phase(run, "train", 500 * sec_per_step, step_start=end - 500, step_end=end)
-        eval_id = ledger.record_phase(run, "eval", 20.0, step_start=end, step_end=end)
-        ledger.add_evaluation(
-            run,
-            step=end,
-            tokens=end * 4096,
-            targets=end * 4000,
-            updates=end,
-            metrics={"val_loss": THRESHOLD + (cross_step - end) / 1000},
-            snapshot=f"step-{end}",
-            phase_id=eval_id,
-        )
-    ledger.record_phase(run, "checkpoint", 5.0, step_start=steps)
-    return run
 
 
 @pytest.fixture(scope="module")
 def ledger_ws(tmp_path_factory) -> tuple[Path, list[str]]:
     """A workspace whose ledger holds A, D (SPEC T4), a run that never reaches the target
-    and a run named like a script, with a recipe value that is markup too."""
+    and a run named like a script, with a recipe value that is markup too; each run ends
+    with a checkpoint phase."""
     ws = tmp_path_factory.mktemp("report")
     base = {"data": {"domain": "web"}, "train": {"seed": 0, "lr": 1e-3}}
     with Ledger(Workspace(ws).ledger_path) as led:
+        run = partial(seed_run, led, checkpoint=True)
         ids = [
-            seed_run(led, "a", base, steps=2000, sec_per_step=1.0, cross_step=2000),
-            seed_run(led, "d", base, steps=2000, sec_per_step=0.9, cross_step=1200, prep=300),
-            seed_run(led, "slow", base, steps=1000, sec_per_step=1.0, cross_step=5000),
-            seed_run(
-                led,
+            run("a", base, steps=2000, sec_per_step=1.0, cross_step=2000),
+            run("d", base, steps=2000, sec_per_step=0.9, cross_step=1200, prep=300),
+            run("slow", base, steps=1000, sec_per_step=1.0, cross_step=5000),
+            run(
                 EVIL,
                 {"data": {"domain": "<img src=x onerror=alert(2)>"}, "train": {"seed": 1}},
                 steps=1500,
@@ -193,15 +161,7 @@ def test_gaps_and_edge_cases(summaries) -> None:
 def test_cli_writes_the_report(ledger_ws, tmp_path: Path) -> None:
     ws, ids = ledger_ws
     out = tmp_path / "sub" / "report.html"
-    exe = Path(sys.executable).with_name("ledgerlm")
-    proc = subprocess.run(
-        [str(exe), "report", ids[0], ids[1], "-o", str(out), "-w", str(ws)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
+    proc = ledgerlm("report", ids[0], ids[1], "-o", str(out), "-w", str(ws))  # raises on failure
     assert f"wrote {out} (2 run(s))" in proc.stdout
     text = out.read_text(encoding="utf-8")
     assert text.startswith("<!DOCTYPE html>")

@@ -1,8 +1,10 @@
+import dataclasses
+
 import numpy as np
 
 from ledgerlm.config import BuiltinCorpusConfig, DataConfig, EvalConfig, PackConfig, TokenizerConfig
-from ledgerlm.data.pipeline import iter_split, prepare_data
-from ledgerlm.tokens.loader import train_batches, validation_batches
+from ledgerlm.data.pipeline import SPLITS, iter_split, prepare_data
+from ledgerlm.tokens.loader import test_batches, train_batches, validation_batches
 from ledgerlm.tokens.shards import TokenStore, build_tokens
 from ledgerlm.workspace import Workspace
 
@@ -13,9 +15,9 @@ DATA = DataConfig(
 TOK = TokenizerConfig(vocab_size=400)
 
 
-def _build(tmp_path):
+def _build(tmp_path, data_cfg: DataConfig = DATA):
     ws = Workspace(tmp_path)
-    data = prepare_data(DATA, ws)
+    data = prepare_data(data_cfg, ws)
     return ws, data, build_tokens(data, TOK, ws)
 
 
@@ -24,7 +26,7 @@ def test_shards_decode_back_to_the_documents(tmp_path):
     store = TokenStore(tokens.path)
     index = store.index.to_pylist()
     texts = {}
-    for split in ("train", "val"):
+    for split in SPLITS:
         for table in iter_split(data.path, data.manifest, split):
             texts.update(
                 zip(table.column("id").to_pylist(), table.column("text").to_pylist(), strict=True)
@@ -34,7 +36,7 @@ def test_shards_decode_back_to_the_documents(tmp_path):
         ids = store.tokens(row["shard"], row["offset"], row["length"])
         assert store.tokenizer.decode(ids.tolist()) == texts[row["doc_id"]]
     total = {f["split"]: f["tokens"] for f in tokens.manifest["files"]}
-    for split in ("train", "val"):
+    for split in SPLITS:
         assert total[split] == sum(r["length"] for r in index if r["split"] == split)
     assert sum(c["tokens"] for c in tokens.manifest["counts"]) == sum(total.values())
 
@@ -104,3 +106,73 @@ def test_preserve_weights_reach_the_token_index(tmp_path):
     )
     assert weights["d3"] == 3.0
     assert all(w == 1.0 for k, w in weights.items() if k != "d3")
+
+
+def test_no_test_split_means_an_empty_shard_and_no_test_batches(tmp_path):
+    _, data, tokens = _build(tmp_path)  # test_fraction = 0
+    assert data.manifest["counts"]["by_split"]["test"] == 0
+    assert list(iter_split(data.path, data.manifest, "test")) == []
+    files = {f["split"]: f for f in tokens.manifest["files"]}
+    assert files["test"]["tokens"] == 0 and (tokens.path / "test.bin").stat().st_size == 0
+    store = TokenStore(tokens.path)
+    docs = store.split_docs("test")
+    assert set(docs) == {"shard", "offset", "length", "domain", "weight"}
+    assert all(len(v) == 0 for v in docs.values())
+    pack, cfg = PackConfig(seq_len=32), EvalConfig(max_tokens=600)
+    assert test_batches(store, pack, cfg, 4) == []
+    assert validation_batches(store, pack, cfg, 4)  # val is unaffected
+
+
+class _Reads:
+    """A token store that records which documents a batch builder reads."""
+
+    def __init__(self, store: TokenStore, rename: dict[str, str] | None = None) -> None:
+        self.store, self.rename, self.read = store, rename or {}, []
+        self.special, self.domains = store.special, store.domains
+        self.doc_at: dict[tuple[str, int], list[str]] = {}
+        for r in store.index.to_pylist():  # an empty document shares its offset
+            self.doc_at.setdefault((r["shard"], r["offset"]), []).append(r["doc_id"])
+
+    def split_docs(self, split):
+        return self.store.split_docs(self.rename.get(split, split))
+
+    def tokens(self, shard, offset, length):
+        self.read += self.doc_at[(shard, offset)]
+        return self.store.tokens(shard, offset, length)
+
+
+def test_a_test_split_reaches_the_token_store_and_test_batches(tmp_path):
+    cfg = DATA.model_copy(update={"test_fraction": 0.2})
+    _, data, tokens = _build(tmp_path, cfg)
+    counts = data.manifest["counts"]
+    assert counts["by_split"]["test"] > 0
+    assert sum(counts["by_split"].values()) == counts["kept"]
+    store = TokenStore(tokens.path)
+    index = store.index.to_pylist()
+    split_of_doc = {r["doc_id"]: r["split"] for r in index}
+    assert len(split_of_doc) == len(index) == counts["kept"]  # no document in two splits
+    test_ids = {
+        i for t in iter_split(data.path, data.manifest, "test") for i in t.column("id").to_pylist()
+    }
+    assert test_ids == {d for d, s in split_of_doc.items() if s == "test"}
+    assert {r["shard"] for r in index if r["split"] == "test"} == {"test.bin"}
+    assert len(store.split_docs("test")["length"]) == counts["by_split"]["test"]
+
+    pack, ecfg = PackConfig(seq_len=32), EvalConfig(max_tokens=600)
+    reads_test, reads_val = _Reads(store), _Reads(store)
+    test = test_batches(reads_test, pack, ecfg, 4)
+    val = validation_batches(reads_val, pack, ecfg, 4)
+    assert test and sum(b.num_targets for b in test) > 0 and val
+    assert sum(int(b.valid.sum()) for b in test) <= ecfg.max_tokens + pack.seq_len
+    assert reads_test.read and set(reads_test.read) <= test_ids
+    assert reads_val.read
+    assert set(reads_val.read) <= {d for d, s in split_of_doc.items() if s == "val"}
+    assert not set(reads_test.read) & set(reads_val.read)
+    # packed exactly like the validation set: the same builder over the test documents
+    same = validation_batches(_Reads(store, {"val": "test"}), pack, ecfg, 4)
+    assert len(same) == len(test)
+    for a, b in zip(same, test, strict=True):
+        for field in dataclasses.fields(a):
+            assert (getattr(a, field.name) == getattr(b, field.name)).all(), field.name
+    again = test_batches(store, pack, ecfg, 4)
+    assert all((a.input_ids == b.input_ids).all() for a, b in zip(test, again, strict=True))

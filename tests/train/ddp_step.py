@@ -31,6 +31,7 @@ def ragged_rows() -> list:
     lone = np.zeros(17, np.int64)
     lone[0] = 1
     rows.append((lone, np.where(lone == 1, 0, -1), np.where(lone == 1, 1, -1), lone == 1))
+    assert len(rows) == 8
     return rows
 
 

@@ -3,26 +3,13 @@
 import numpy as np
 import pytest
 import torch
+from ddp_step import ragged_rows
 
 from ledgerlm.config import ModelConfig, TrainConfig
 from ledgerlm.model.gpt import GPT
 from ledgerlm.tokens.packing import batches, pack_documents
 from ledgerlm.train.loop import NonFiniteLossError, Trainer
 from ledgerlm.train.optim import build_optimizer
-
-
-def _rows():
-    """8 ragged rows: 6 packed full rows, one mostly padding, one with no target at all."""
-    rng = np.random.default_rng(0)
-    docs = [(rng.integers(3, 40, size=rng.integers(1, 30)), 0) for _ in range(40)]
-    rows = list(pack_documents(docs, 17, 1, 2, 0))[:6]
-    rows += list(pack_documents([(np.array([7, 8, 9]), 1)], 17, 1, 2, 0))
-    lone = np.zeros(17, np.int64)
-    lone[0] = 1
-    empty = (lone, np.where(lone == 1, 0, -1), np.where(lone == 1, 1, -1), lone == 1)
-    rows.append(empty)
-    assert len(rows) == 8
-    return rows
 
 
 def _one_step(split: tuple[int, int], **train):
@@ -33,7 +20,7 @@ def _one_step(split: tuple[int, int], **train):
         max_steps=1, grad_accum=accum, micro_batch_rows=rows_per, grad_clip=0, **train
     )
     trainer = Trainer(
-        model, build_optimizer(model, cfg), cfg, iter(batches(_rows(), rows_per)), "isolated"
+        model, build_optimizer(model, cfg), cfg, iter(batches(ragged_rows(), rows_per)), "isolated"
     )
     loss = trainer.train_step()
     return loss, {n: p.detach().clone() for n, p in model.named_parameters()}, trainer.state
@@ -67,7 +54,7 @@ def test_objective_and_empty_row_policy_reach_the_loss():
 
 def test_state_records_each_update():
     loss, _, state = _one_step((2, 4))
-    rows = _rows()
+    rows = ragged_rows()
     record = state.history[-1]
     assert (record.step, record.loss, record.lr) == (1, loss, state.lr)
     assert (

@@ -243,6 +243,12 @@ def test_kill_9_and_resume_gives_the_uninterrupted_weights(tmp_path):
     assert kill_after <= restores[0]["step_end"] < 40
     assert [e["step"] for e in s["evaluations"]] == [10, 20, 30, 40]  # none twice
     assert s["counters"]["optimizer_updates"] == 40
+    # The killed process's open phase was closed at its last heartbeat and is charged.
+    assert killed["open_phases"] >= 1 and s["open_phases"] == 0
+    closed = [p for p in s["phases"] if p["detail"].get("closed_by") == "resume"]
+    assert len(closed) == killed["open_phases"]
+    assert all(p["seconds"] >= 0 and p["detail"]["killed"] for p in closed)
+    assert any(e["kind"] == "closed_open_phases" for e in s["events"])
     with Ledger(full_ws / "ledger.db") as ledger:
         (full_id,) = [r["id"] for r in ledger.list_runs()]
         full = ledger.run_summary(full_id)

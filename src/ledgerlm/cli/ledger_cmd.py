@@ -10,11 +10,14 @@ import typer
 from rich.table import Table
 
 from ledgerlm.cli.render import (
+    continued_rows,
+    continued_table,
     counters_table,
     evaluations_table,
     phase_table,
     target_contract_line,
     target_line,
+    test_line,
 )
 from ledgerlm.cli.ui import DEFAULT_WS, JsonOpt, WorkspaceOpt, console, friendly_errors
 from ledgerlm.ledger.store import Ledger
@@ -71,7 +74,11 @@ def show(
     console.print(counters_table(summary))
     console.print(evaluations_table(summary))
     console.print(phase_table(summary))
+    if found := continued_rows(summary):
+        console.print(continued_table(*found))
     console.print(target_contract_line(summary))
+    if line := test_line(summary):
+        console.print(line)
     console.print(target_line(summary))
 
 

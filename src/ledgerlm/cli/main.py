@@ -10,12 +10,15 @@ import typer
 from ledgerlm.cli import config_cmd, data_cmd, export_cmd, ledger_cmd, report_cmd
 from ledgerlm.cli.recipes import shipped_recipe
 from ledgerlm.cli.render import (
+    continued_rows,
+    continued_table,
     counters_table,
     evaluations_table,
     funnel_table,
     phase_table,
     target_contract_line,
     target_line,
+    test_line,
 )
 from ledgerlm.cli.ui import DEFAULT_WS, RichProgress, SetOpt, WorkspaceOpt, console, friendly_errors
 from ledgerlm.config import load_recipe
@@ -48,9 +51,14 @@ def _print_result(result: RunResult) -> None:
     console.print(evaluations_table(s, limit=8))
     console.print()
     console.print(phase_table(s))
+    if found := continued_rows(s):
+        console.print()
+        console.print(continued_table(*found))
     console.print()
     console.print(f"run {result.run_id}: {result.params:,} parameters")
     console.print(target_contract_line(s))
+    if line := test_line(s):
+        console.print(line)
     reached = s["time_to_target"]["reached"]
     console.print(f"[bold {'green' if reached else 'red'}]{target_line(s)}[/]")
 
@@ -80,6 +88,31 @@ def run(
     covers N x grad_accum micro-batches, with one global loss denominator.
     """
     _run(recipe, workspace, set_)
+
+
+@app.command()
+@friendly_errors
+def train(
+    recipe: Annotated[Path, typer.Argument(help="Recipe TOML file.")],
+    init_from: Annotated[
+        str | None,
+        typer.Option(
+            "--init-from",
+            help="Continued pretraining: start from this run's final weights (id, unique "
+            "prefix or latest); its tokenizer is reused.",
+        ),
+    ] = None,
+    workspace: WorkspaceOpt = DEFAULT_WS,
+    set_: SetOpt = None,
+) -> None:
+    """Train a recipe (data and tokens built or reused), optionally from another run.
+
+    With --init-from the model starts from that run's final weights with a fresh
+    optimizer and schedule, and is scored before and after on both validation sets:
+    the new data's (gain) and the initial run's (forgetting), per domain.
+    """
+    overrides = [*(set_ or []), *([f"train.init_from={init_from}"] if init_from else [])]
+    _run(recipe, workspace, overrides)
 
 
 @app.command()

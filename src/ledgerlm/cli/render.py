@@ -117,12 +117,56 @@ def evaluations_table(summary: dict[str, Any], limit: int | None = None) -> Tabl
 
 
 def target_contract_line(summary: dict[str, Any]) -> str:
-    c = contract(summary)
+    c = contract(summary) or {}
     run = summary["run"]
     line = f"target: val {run['target_metric']} <= {run['target_value']:.3f} nat/token"
+    if c.get("confirm", 1) > 1:
+        line += f" at {c['confirm']} consecutive evaluations"
     if c:
         line += (
             f" (unigram entropy of the {c['val_targets']:,} val targets: "
             f"{c['val_unigram_entropy']:.3f})"
         )
+    budget = [
+        f"{c['budget_tokens']:,} tokens" if c.get("budget_tokens") else "",
+        f"{c['budget_seconds']:g} s" if c.get("budget_seconds") else "",
+    ]
+    if any(budget):
+        line += "; budget " + " and ".join(b for b in budget if b)
     return line
+
+
+def continued_rows(summary: dict[str, Any]) -> tuple[str, list[dict[str, Any]]] | None:
+    """The before/after rows a continued-pretraining run recorded, with its initial run."""
+    for event in summary["events"]:
+        if event["kind"] == "continued_pretraining":
+            found = json.loads(event["message"])
+            return found["init_from"], found["rows"]
+    return None
+
+
+def continued_table(init_from: str, rows: list[dict[str, Any]]) -> Table:
+    t = Table(title=f"continued pretraining from {init_from} (nat/token)", show_edge=False)
+    for col in ("validation set", "domain", "before", "after", "change", "gain / forgetting"):
+        t.add_column(col, justify="left" if col in ("validation set", "domain") else "right")
+    for r in rows:
+        which = "new data" if r["set"] == "new" else "initial run's"
+        domain = "all" if r["domain"] == "*" else r["domain"]
+        effect = f"{r['effect']} {r['amount']:+.4f}"
+        t.add_row(
+            which, domain, f"{r['before']:.4f}", f"{r['after']:.4f}", f"{r['change']:+.4f}", effect
+        )
+    return t
+
+
+def test_line(summary: dict[str, Any]) -> str | None:
+    """The once-only test-set figure of the final weights, when the data has a test split."""
+    for event in summary["events"]:
+        if event["kind"] == "test_evaluation":
+            found = json.loads(event["message"])
+            loss = found["metrics"].get("test/loss")
+            return (
+                f"test set (scored once, final weights at step {found['step']}): "
+                f"loss {loss:.4f} nat/token over {found['targets']:,} targets"
+            )
+    return None

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 
 from ledgerlm.config import DataConfig
 from ledgerlm.data.filters import build_filters
+from ledgerlm.data.passes import SPLITS
 from ledgerlm.data.templates import TemplateStats
 from ledgerlm.workspace import SCHEMA_VERSION
 
@@ -22,7 +23,8 @@ SAMPLE_DROPS = 3
 
 
 class ConservationError(RuntimeError):
-    """Records in != kept + dropped + quarantined: a bug, never published."""
+    """Records in != kept + dropped + quarantined, or a split's files do not hold its
+    counted documents: a bug, never published."""
 
 
 def _drops(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -78,6 +80,13 @@ def build_manifest(
             f"records in {records_in} != kept {kept} + dropped {n_dropped} "
             f"+ quarantined {n_quarantined}"
         )
+    # kept = train + val + test, and each split's files hold exactly its documents
+    by_split = {s: 0 for s in SPLITS}
+    for (split, _), n in by_split_domain.items():
+        by_split[split] += n
+    in_files = {s: sum(f["rows"] for f in files if f["split"] == s) for s in SPLITS}
+    if in_files != by_split or sum(by_split.values()) != kept:
+        raise ConservationError(f"documents per split {by_split} != rows in files {in_files}")
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": "data",
@@ -113,9 +122,12 @@ def build_manifest(
             "top": decided["top_clusters"],
         },
         "split": {
-            "method": f"per {cfg.split}: hash of its key",
+            "method": f"per {cfg.split}: hash of its key, u in [0, 1); val if u < val_fraction, "
+            "test if u < val_fraction + test_fraction, else train",
             "unit": cfg.split,
+            "splits": list(SPLITS),
             "val_fraction": cfg.val_fraction,
+            "test_fraction": cfg.test_fraction,
             "seed": cfg.split_seed,
         },
         "weights": {
@@ -133,9 +145,12 @@ def build_manifest(
             "quarantined_by_reason": dict(sorted(quarantined.items())),
             "conservation": f"{records_in} = {kept} kept + {n_dropped} dropped "
             f"+ {n_quarantined} quarantined",
+            "by_split": by_split,
             "by_split_domain": [
                 {"split": s, "domain": d, "documents": n, "chars": chars[(s, d)]}
-                for (s, d), n in sorted(by_split_domain.items())
+                for (s, d), n in sorted(
+                    by_split_domain.items(), key=lambda kv: (SPLITS.index(kv[0][0]), kv[0][1])
+                )
             ],
         },
         "sample_drops": samples,

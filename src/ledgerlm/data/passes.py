@@ -9,6 +9,7 @@ Files under ``work`` for shard i:
   clean-i.parquet     after templates+filters  drops-clean-i.parquet filter drops
   bands-i.npy         LSH band keys            shingles-i.npz        shingle sets (verify)
   decisions-i.parquet dedup/split decisions    drops-final-i.parquet dedup/contamination drops
+  {train,val,test}-i.parquet (in the version folder) kept documents of each split present
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ CLEAN_EXTRA = [("digest", pa.binary(16)), ("chars", pa.int64())]
 OUTPUT_EXTRA = [("weight", pa.float64()), ("cluster_id", pa.string()), ("cluster_size", pa.int64())]
 OUTPUT_SCHEMA = pa.schema([*DOCUMENT_SCHEMA, *(pa.field(n, t) for n, t in OUTPUT_EXTRA)])
 BATCH = 2_000
+# The splits a kept document can land in, in the order shards and files are listed.
+SPLITS = ("train", "val", "test")
 
 
 def cached(work: Path, name: str, compute: Callable[[], Any]) -> Any:
@@ -231,7 +234,7 @@ def _write(
     row = 0
     try:
         for table in _batches(work / f"clean-{index}.parquet"):
-            rows: dict[str, list[dict]] = {"train": [], "val": []}
+            rows: dict[str, list[dict]] = {s: [] for s in SPLITS}
             docs = list(table_to_documents(table.drop_columns([c for c, _ in CLEAN_EXTRA])))
             d = {k: v[row : row + len(docs)] for k, v in decisions.items()}
             row += len(docs)

@@ -7,7 +7,7 @@ arrays (a 16-byte digest, a few integers and the id), never the text:
   1. read      records -> valid documents + quarantine; count template lines
   2. clean     template removal, filters, exact digests, MinHash band keys
   -  decide    exact dedup, near-dedup clustering (out of core), keepers, splits
-  3. write     apply decisions, contamination check, write train/val shards
+  3. write     apply decisions, contamination check, write train/val/test shards
 
 The version id hashes the inputs' content and every parameter. The build
 folder survives an interruption, and a rerun resumes from the shards that
@@ -40,6 +40,7 @@ from ledgerlm.data.manifest import build_manifest
 from ledgerlm.data.minhash import params_from_config
 from ledgerlm.data.passes import (
     DROP_SCHEMA,
+    SPLITS,
     clean_pass,
     load_shingles,
     output_name,
@@ -66,17 +67,26 @@ from ledgerlm.workspace import (
     file_sha256,
 )
 
-SPLITS = ("train", "val")
-
 
 class DataError(ValueError):
     """Bad data-stage input; the message names the input and the reason."""
 
 
-def split_of(unit: str, val_fraction: float, seed: int) -> str:
-    """A unit's split depends only on its key, so it is stable as the corpus grows."""
+def split_of(unit: str, val_fraction: float, seed: int, test_fraction: float = 0.0) -> str:
+    """A unit's split depends only on its key, so it is stable as the corpus grows.
+
+    One hash draw ``u`` in [0, 1) per unit: ``u < val_fraction`` is val, the next
+    ``test_fraction`` of the interval is test, the rest train. The val interval does not
+    depend on ``test_fraction``, so with ``test_fraction = 0`` every unit keeps the split
+    it had before the test split existed, and raising it only moves train units to test.
+    """
     h = hashlib.blake2b(f"{seed}:{unit}".encode(), digest_size=8).digest()
-    return "val" if int.from_bytes(h, "big") / 2**64 < val_fraction else "train"
+    u = int.from_bytes(h, "big") / 2**64
+    if u < val_fraction:
+        return "val"
+    if u < val_fraction + test_fraction:
+        return "test"
+    return "train"
 
 
 def _shards(cfg: DataConfig, base: Path) -> list[Shard]:
@@ -264,7 +274,10 @@ def _decide(cfg: DataConfig, shards: list[Shard], clean: list[dict], work: Path)
     size = np.bincount(labels, minlength=n)[labels] if n else np.zeros(0, np.int64)
     cluster_id = ids[keeper] if n else ids
     unit = {"cluster": cluster_id, "source": sources, "document": ids}[cfg.split]
-    split = np.array([split_of(u, cfg.val_fraction, cfg.split_seed) for u in unit], dtype=object)
+    split = np.array(
+        [split_of(u, cfg.val_fraction, cfg.split_seed, cfg.test_fraction) for u in unit],
+        dtype=object,
+    )
     for s in shards:
         a, b = offsets[s.index], offsets[s.index + 1]
         table = pa.table(

@@ -13,8 +13,9 @@ and on hand-built summaries in tests. Three questions are kept separate:
   standard deviation, so a one-seed difference can be read against the seed spread.
 * **tuning or final?** The validation set is the one targets and comparisons are
   decided on, i.e. the tuning set. A difference found there is not the final figure;
-  that needs a test-set evaluation, and today's ledger only measures the validation
-  set, which the output says instead of pretending otherwise.
+  that is the once-only test-set score of the final weights, recorded when the data
+  holds out a test split (``data.test_fraction``); without one the output says the
+  final figure was not measured instead of pretending otherwise.
 """
 
 from __future__ import annotations
@@ -115,9 +116,14 @@ def recipe_diff(base: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
 def held_out_metrics(summary: Mapping[str, Any]) -> dict[str, Any] | None:
     """Test-split metrics of the run, or ``None`` when none was ever measured.
 
-    Taken from the confirming evaluation (the snapshot the target was confirmed on)
-    when it carries them, else from the last evaluation that does.
+    Taken from the run's ``test_evaluation`` event (the final weights scored once on
+    the held-out test split, ``data.test_fraction``), else from the confirming
+    evaluation when it carries them, else from the last evaluation that does.
     """
+    for event in summary.get("events", []):
+        if event.get("kind") == "test_evaluation":  # the runner's once-only test score
+            found = json.loads(event["message"])
+            return {k: found[k] for k in ("step", "snapshot", "metrics")}
     evals = list(summary.get("evaluations", []))
     confirming = (summary.get("time_to_target") or {}).get("evaluation")
     candidates = ([confirming] if confirming else []) + evals[::-1]
@@ -231,6 +237,7 @@ def classify(
         "recipe_diff": diff,
         "seed_only": bool(diff) and all(line.startswith(("train.seed:", "name:")) for line in diff),
     }
+    out["final"] = _final_figure(base, other)
     if base["target"] != other["target"]:
         return {**out, "class": "not comparable", "reason": "different targets"}
     missing = [f["id"] for f in (base, other) if not f["reached"]]
@@ -275,7 +282,6 @@ def classify(
         )
     if out["seed_only"]:
         reason += "; the recipes differ only by train.seed, so this is seed variation"
-    out["final"] = _final_figure(base, other)
     return {**out, "class": "recipe", "reason": reason}
 
 
@@ -285,11 +291,11 @@ def _final_figure(base: Mapping[str, Any], other: Mapping[str, Any]) -> str:
     names = sorted(set(base["test"]["metrics"]) & set(other["test"]["metrics"]))
     if not names:
         return NO_TEST
-    name = names[0]
+    name = "test/loss" if "test/loss" in names else names[0]
     a, b = base["test"]["metrics"][name], other["test"]["metrics"][name]
     if _finite(a) is None or _finite(b) is None:
         return NO_TEST
-    return f"final figure: test {name} {b:.4f} vs {a:.4f} (baseline), delta {b - a:+.4f}"
+    return f"final figure: {name} {b:.4f} vs {a:.4f} (baseline), delta {b - a:+.4f}"
 
 
 def compare_runs(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -4,6 +4,11 @@ Every write commits on its own, so a process killed mid-run leaves all completed
 behind, and a phase row is inserted *before* its work starts, so a crash shows up as an
 open phase instead of silently vanishing. WAL mode lets a reporting process read the
 file while a training process is writing it.
+
+An open phase carries a heartbeat (``beat_at``, written by ``Ledger.beat``): the last
+time its process was known to be alive. ``close_open_phases`` ends the phases a killed
+process left open at their last heartbeat, so their work up to then is charged; the time
+between the last heartbeat and the kill is unknown and is not charged (a lower bound).
 """
 
 from __future__ import annotations
@@ -23,11 +28,13 @@ from typing import Any
 
 from ledgerlm.ledger.target import time_to_target
 
-SCHEMA_VERSION = 1
+# 1: the first schema. 2: phases.beat_at (heartbeat of an open phase).
+SCHEMA_VERSION = 2
 RUN_STATUSES = ("running", "reached", "not reached", "failed")
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+_META = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)"
+_SCHEMA = f"""
+{_META};
 CREATE TABLE IF NOT EXISTS runs (
     id TEXT PRIMARY KEY, name TEXT, created_at REAL, status TEXT, recipe_json TEXT,
     data_version TEXT, tokens_version TEXT, target_metric TEXT, target_value REAL,
@@ -36,7 +43,7 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS phases (
     id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT REFERENCES runs(id), kind TEXT,
     started_at REAL, ended_at REAL NULL, seconds REAL NULL, step_start INTEGER NULL,
-    step_end INTEGER NULL, detail_json TEXT
+    step_end INTEGER NULL, detail_json TEXT, beat_at REAL NULL
 );
 CREATE TABLE IF NOT EXISTS evaluations (
     id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT REFERENCES runs(id),
@@ -58,6 +65,10 @@ CREATE INDEX IF NOT EXISTS phases_run ON phases(run_id, id);
 CREATE INDEX IF NOT EXISTS evaluations_run ON evaluations(run_id, step, id);
 CREATE INDEX IF NOT EXISTS events_run ON events(run_id, id);
 """
+
+# Columns added after schema version 1, as (table, column, declaration): a file written
+# by older code gets them (NULL in its existing rows) the first time newer code opens it.
+_ADDED_COLUMNS = (("phases", "beat_at", "REAL NULL"),)
 
 
 class LedgerError(Exception):
@@ -125,19 +136,30 @@ class Ledger:
         self._conn.execute("COMMIT")
 
     def _init_schema(self) -> None:
+        """Create the tables, or bring a file written by older code up to this schema.
+
+        One write transaction, so two processes opening an old file at once migrate it
+        once; a file from newer code is refused before anything in it changes.
+        """
         with self._write() as conn:
+            conn.execute(_META)
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            found = None if row is None else row["value"]
+            if found is not None and not (found.isdigit() and int(found) <= SCHEMA_VERSION):
+                raise LedgerError(
+                    f"{self.path}: schema_version {found}, this code reads up to {SCHEMA_VERSION}"
+                )
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
+            for table, column, declaration in _ADDED_COLUMNS:
+                have = {r["name"] for r in conn.execute(f"PRAGMA table_info({table})")}
+                if column not in have:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
             conn.execute(
-                "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
+                "INSERT INTO meta(key, value) VALUES ('schema_version', ?)"
+                " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                 (str(SCHEMA_VERSION),),
-            )
-            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if row is None or row["value"] != str(SCHEMA_VERSION):
-            found = None if row is None else row["value"]
-            raise LedgerError(
-                f"{self.path}: schema_version {found}, this code reads {SCHEMA_VERSION}"
             )
 
     def _require_run(self, run_id: str) -> None:
@@ -316,6 +338,52 @@ class Ledger:
         )
         return int(cur.lastrowid)
 
+    def beat(self, phase_id: int, step: int | None = None) -> None:
+        """Heartbeat of an open phase: its process is alive now (one cheap UPDATE).
+
+        ``step``, when given, is the last step the phase has completed, kept as its
+        ``step_end`` so a phase later closed at this beat covers the right updates. A
+        phase that has already ended is left as it is.
+        """
+        self._conn.execute(
+            "UPDATE phases SET beat_at = ?, step_end = COALESCE(?, step_end)"
+            " WHERE id = ? AND ended_at IS NULL",
+            (time.time(), step, int(phase_id)),
+        )
+
+    def close_open_phases(self, run_id: str, reason: str) -> list[dict[str, Any]]:
+        """End every phase of ``run_id`` left open by a process that died (kill -9, power
+        loss) at its last heartbeat, or at its start when it never beat.
+
+        Each gets ``ended_at``, ``seconds = ended_at - started_at`` and, in its detail,
+        ``{"closed_by": reason, "killed": true}``; the closed rows are returned (as in
+        ``run_summary``). The time between the last heartbeat and the death is unknown
+        and is not charged, so the phase's seconds are a lower bound. Call it only while
+        no live process owns the run (e.g. holding the run's lock, before resuming it):
+        a live process's open phase would be cut short.
+        """
+        self._require_run(run_id)
+        closed = []
+        with self._write() as conn:
+            rows = conn.execute(
+                "SELECT * FROM phases WHERE run_id = ? AND ended_at IS NULL ORDER BY id",
+                (run_id,),
+            ).fetchall()
+            for row in rows:
+                phase = dict(row)
+                started = float(phase["started_at"])
+                beat = phase["beat_at"]
+                ended = started if beat is None else max(started, float(beat))
+                detail = json.loads(phase.pop("detail_json") or "{}")
+                detail.update(closed_by=reason, killed=True)
+                conn.execute(
+                    "UPDATE phases SET ended_at = ?, seconds = ?, detail_json = ? WHERE id = ?",
+                    (ended, ended - started, _dumps(detail), phase["id"]),
+                )
+                phase.update(ended_at=ended, seconds=ended - started, detail=detail)
+                closed.append(phase)
+        return closed
+
     def add_evaluation(
         self,
         run_id: str,
@@ -426,6 +494,9 @@ class Ledger:
             phase = dict(phase_row)
             phase["detail"] = json.loads(phase.pop("detail_json") or "{}")
             phases.append(phase)
+        # Open phases (a live run, or a killed one not yet closed) count 0 s in every
+        # total until they end; how many there are is reported so that shows.
+        open_phases = sum(1 for phase in phases if phase["ended_at"] is None)
         totals: dict[str, float] = {}
         for phase in phases:
             totals[phase["kind"]] = totals.get(phase["kind"], 0.0) + (phase["seconds"] or 0.0)
@@ -450,7 +521,10 @@ class Ledger:
                 "SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,)
             )
         ]
-        verdict = time_to_target(phases, evaluations, run["target_metric"], run["target_value"])
+        confirm = int(run["meta"].get("contract", {}).get("confirm", 1))
+        verdict = time_to_target(
+            phases, evaluations, run["target_metric"], run["target_value"], confirm
+        )
         recorded = self._conn.execute(
             "SELECT COUNT(*), COALESCE(SUM(tokens), 0), COALESCE(SUM(targets), 0)"
             " FROM steps WHERE run_id = ?",
@@ -461,6 +535,7 @@ class Ledger:
             "phases": phases,
             "phase_totals": totals,
             "total_seconds": sum(totals.values()),
+            "open_phases": open_phases,
             "counters": counters,
             "evaluations": evaluations,
             "events": events,

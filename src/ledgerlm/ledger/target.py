@@ -62,8 +62,9 @@ def _confirms(metrics: Mapping[str, Any] | None, metric: str, threshold: float) 
 
 
 def _phase_seconds(phase: Mapping[str, Any]) -> float:
-    # A phase that never ended (crash, kill) has no trustworthy duration; counting it as
-    # 0 keeps the sum defined while the open row itself stays visible in the ledger.
+    # A phase that never ended (crash, kill) counts 0 until Ledger.close_open_phases (run
+    # by resume) ends it at its last heartbeat; its seconds are then a lower bound, since
+    # the time between the last heartbeat and the kill is unknown and is not charged.
     seconds = phase.get("seconds")
     if seconds is None:
         return 0.0
@@ -76,19 +77,26 @@ def time_to_target(
     evaluations: Sequence[Mapping[str, Any]],
     metric: str,
     threshold: float,
+    confirm: int = 1,
 ) -> TimeToTarget:
-    """Apply the confirmation rule: the first evaluation by step with ``metric <= threshold``.
+    """Apply the confirmation rule: the target is confirmed at the first evaluation (by
+    step) that completes ``confirm`` consecutive evaluations with ``metric <= threshold``.
 
     Phase ids are insertion order, which is time order, so "everything spent until the
     confirming evaluation finished" is every phase whose id is at most that evaluation's
     phase id. An evaluation not bound to a phase cannot bound the bill, so all recorded
     phases are charged: overstating cost is safe, understating it is not.
     """
+    if confirm < 1:
+        raise ValueError(f"confirm must be >= 1, got {confirm}")
     # sorted() is stable: evaluations at the same step keep their given (id) order.
     ordered = sorted(evaluations, key=lambda ev: ev["step"])
-    confirming = next(
-        (ev for ev in ordered if _confirms(ev.get("metrics"), metric, threshold)), None
-    )
+    confirming, streak = None, 0
+    for ev in ordered:
+        streak = streak + 1 if _confirms(ev.get("metrics"), metric, threshold) else 0
+        if streak == confirm:
+            confirming = ev
+            break
     if confirming is None:
         return TimeToTarget(
             reached=False,

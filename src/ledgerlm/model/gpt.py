@@ -9,7 +9,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ledgerlm.config import ModelConfig
-from ledgerlm.model.attention import attend
+from ledgerlm.model.attention import AttentionSpec, attend, attention_spec
+
+# What a layer receives: an AttentionSpec, or a (B, 1, T, T) bool mask (the SDPA path).
+Attn = torch.Tensor | AttentionSpec
 
 
 class RMSNorm(nn.Module):
@@ -47,7 +50,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.wo = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], mask: torch.Tensor):
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], mask: Attn):
         b, t, d = x.shape
         q, k, v = (
             w(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
@@ -78,7 +81,7 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], mask: torch.Tensor):
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], mask: Attn):
         x = x + self.attn(self.attn_norm(x), rope, mask)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -113,10 +116,22 @@ class GPT(nn.Module):
                 )
                 nn.init.normal_(p, mean=0.0, std=std * scale)
 
+    def attention_spec(self, doc_ids: torch.Tensor, mode: str) -> AttentionSpec:
+        """The batch's attention backend and mask, built once for all layers.
+
+        Follows ``cfg.attention_backend`` and the device of ``doc_ids`` (see
+        ``ledgerlm.model.attention``); pass the result to ``forward`` as ``mask``.
+        """
+        head_dim = self.cfg.d_model // self.cfg.n_heads
+        return attention_spec(doc_ids, mode, self.cfg.attention_backend, head_dim)
+
     def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: Attn
     ) -> torch.Tensor:
-        """(B, T) ids and positions, (B, 1, T, T) bool mask -> (B, T, V) logits."""
+        """(B, T) ids and positions, and the attention -> (B, T, V) logits.
+
+        ``mask``: an AttentionSpec (``attention_spec``) or a (B, 1, T, T) bool SDPA mask.
+        """
         rope = rope_tables(position_ids, self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_theta)
         x = self.embed(input_ids)  # (B, T, d)
         for block in self.blocks:

@@ -1,4 +1,5 @@
-"""Batches from a token version: shuffled training epochs and the fixed validation set.
+"""Batches from a token version: shuffled training epochs and the fixed held-out sets
+(validation for tuning and target checks, test measured once at the end).
 
 The training stream is resumable: after every batch it exposes a ``Cursor`` (epoch,
 position in that epoch's order, token offset inside the current document, segment
@@ -211,15 +212,14 @@ def train_batches(
     return StoreStream(store, pack, batch_rows, seed, cursor)
 
 
-def validation_batches(
-    store: TokenStore, pack: PackConfig, cfg: EvalConfig, batch_rows: int
+def _held_out_batches(
+    store: TokenStore, pack: PackConfig, cfg: EvalConfig, batch_rows: int, split: str
 ) -> list[Batch]:
-    """The val split packed in index order (no shuffling), ``max_tokens`` shared by domain.
-
-    Every run on the same token version and sequence length scores exactly the
-    same targets; the last row is padded and its padding marked invalid.
-    """
-    docs = store.split_docs("val")
+    """One split packed in index order (no shuffling), ``max_tokens`` shared by domain;
+    [] when the split has no documents."""
+    docs = store.split_docs(split)
+    if len(docs["length"]) == 0:
+        return []
     domains = np.unique(docs["domain"])
     per_domain = cfg.max_tokens // max(len(domains), 1)
 
@@ -239,5 +239,34 @@ def validation_batches(
     rows = pack_documents(capped(), pack.seq_len + 1, sp["bos"], sp["eos"], sp["pad"])
     out = list(batches(rows, batch_rows, pack.reset_positions))
     if not out or sum(b.num_targets for b in out) == 0:
+        raise ValueError(f"{split} split has no supervised targets")
+    return out
+
+
+def validation_batches(
+    store: TokenStore, pack: PackConfig, cfg: EvalConfig, batch_rows: int
+) -> list[Batch]:
+    """The val split packed in index order (no shuffling), ``max_tokens`` shared by domain.
+
+    Every run on the same token version and sequence length scores exactly the
+    same targets; the last row is padded and its padding marked invalid. An empty
+    val split is an error.
+    """
+    out = _held_out_batches(store, pack, cfg, batch_rows, "val")
+    if not out:
         raise ValueError("validation split has no supervised targets")
     return out
+
+
+def test_batches(
+    store: TokenStore, pack: PackConfig, cfg: EvalConfig, batch_rows: int
+) -> list[Batch]:
+    """The test split, packed exactly like ``validation_batches`` (index order, the same
+    per-domain share of ``eval.max_tokens``); [] when the split is empty
+    (``data.test_fraction = 0``). Meant to be scored once, after training.
+    """
+    return _held_out_batches(store, pack, cfg, batch_rows, "test")
+
+
+# Its name starts with "test": keep pytest from collecting it where a test module imports it.
+test_batches.__test__ = False  # type: ignore[attr-defined]

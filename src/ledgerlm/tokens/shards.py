@@ -1,8 +1,9 @@
 """The tokens stage: memory-mapped token shards plus a document index.
 
-Each split is one flat array of token ids on disk (``uint16`` when the
-vocabulary fits, else ``uint32``) with no BOS/EOS; the index gives each
-document's shard, offset, length, id, domain and split. Packing adds the
+Each split (train, val, test) is one flat array of token ids on disk
+(``uint16`` when the vocabulary fits, else ``uint32``) with no BOS/EOS; the
+index gives each document's shard, offset, length, id, domain and split. An
+empty split has an empty shard file and no index rows. Packing adds the
 boundaries, so one token version serves any packing recipe.
 """
 
@@ -56,21 +57,32 @@ def build_tokens(
     workspace: Workspace,
     progress: Progress | None = None,
 ) -> BuiltVersion:
-    """Train the tokenizer on the train split only, then encode both splits shard by shard."""
+    """Train the tokenizer on the train split only (or reuse another token version's,
+    ``cfg.reuse``), then encode every split (train, val, test) shard by shard."""
     progress = progress or NullProgress()
     start = time.perf_counter()
     version = tokens_version(data.version, cfg)
     if reused := workspace.reuse("tokens", version, start):
         return reused
+    source = None
+    if cfg.reuse:
+        source = workspace.reuse("tokens", cfg.reuse, start)
+        if not source:
+            raise FileNotFoundError(
+                f"tokenizer.reuse = {cfg.reuse!r}: no such tokens version in {workspace.root}"
+            )
 
     def train_texts():
         for table in iter_split(data.path, data.manifest, "train"):
             yield from table.column("text").to_pylist()
 
     with workspace.building("tokens", version) as tmp:
-        with progress.task("tokens: train BPE") as task:
-            tok = train_tokenizer(train_texts(), cfg)
-            task.advance(1)
+        if source is not None:
+            tok = load_tokenizer(source.path / "tokenizer.json")
+        else:
+            with progress.task("tokens: train BPE") as task:
+                tok = train_tokenizer(train_texts(), cfg)
+                task.advance(1)
         tok.save(str(tmp / "tokenizer.json"))
         vocab = tok.get_vocab_size()
         dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.uint32
@@ -140,7 +152,7 @@ def build_tokens(
                 "config": cfg.model_dump(mode="json"),
                 "vocab_size": vocab,
                 "special": special_ids(tok),
-                "trained_on": "train split only",
+                "trained_on": f"tokens version {cfg.reuse}" if cfg.reuse else "train split only",
                 "sha256": file_sha256(tmp / "tokenizer.json"),
             },
             "dtype": np.dtype(dtype).name,
@@ -172,14 +184,17 @@ class TokenStore:
         self.domains = sorted(set(self.index.column("domain").to_pylist()))
 
     def split_docs(self, split: str) -> dict[str, np.ndarray]:
-        """Columns of the index for one split, as arrays (order = data order)."""
+        """Columns of the index for one split, as arrays (order = data order); empty
+        arrays for a split without documents (or one this version does not have)."""
         table = self.index.filter(pc.equal(self.index.column("split"), split))
         domain_id = {d: i for i, d in enumerate(self.domains)}
         return {
             "shard": np.asarray(table.column("shard").to_pylist(), dtype=object),
             "offset": table.column("offset").to_numpy(),
             "length": table.column("length").to_numpy(),
-            "domain": np.asarray([domain_id[d] for d in table.column("domain").to_pylist()]),
+            "domain": np.asarray(
+                [domain_id[d] for d in table.column("domain").to_pylist()], dtype=np.int64
+            ),
             "weight": table.column("weight").to_numpy(),
         }
 

@@ -5,9 +5,12 @@ The target is confirmed only here, at an evaluation bound to a weights snapshot.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
+import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,7 +63,7 @@ def evaluate(
     total = torch.zeros(len(domains), dtype=torch.float64)
     count = torch.zeros(len(domains), dtype=torch.float64)
     for b in val[world.rank :: world.size]:
-        logits = model(b.input_ids, b.position_ids, b.attention_mask(attention))
+        logits = model(b.input_ids, b.position_ids, model.attention_spec(b.doc_ids, attention))
         losses = per_target_loss(logits, b.targets)[b.loss_mask].double()
         dom = b.target_domains[b.loss_mask]
         total.index_add_(0, dom, losses)
@@ -78,33 +81,68 @@ def evaluate(
 
 @dataclass
 class EvalCallback:
-    """Evaluates every ``every_steps`` updates and at the end; stops once the target is met."""
+    """Evaluates at the contract's interval and at the end; applies the confirmation rule.
+
+    The interval is ``every_steps`` updates, or each time ``every_tokens`` more training
+    tokens were consumed. The target is confirmed at the evaluation that completes
+    ``confirm`` consecutive evaluations at or below it (on ``cfg.metric``).
+
+    With ``asynchronous``, an evaluation scores a copy of the weights in a background
+    thread while training goes on, and its result is bound to that copy's step and
+    hash. It is collected at the first update boundary after it finishes: there the
+    train segment is cut by an ``eval`` phase (holding only the time training waited
+    for the result, if any), so time-to-target runs until the result was known. The
+    phase detail keeps the evaluation's own wall and compute (thread CPU) seconds.
+    One evaluation is in flight at a time; the last one is always synchronous.
+    """
 
     val: list[Batch]
     cfg: EvalConfig
     attention: str
     domains: list[str]
-    metric: str = "loss"
     history: list[dict[str, Any]] = field(default_factory=list)
     reached_step: int | None = None
+    _streak: int = 0
+    _prev_tokens: int = 0
+    _pending: tuple[Future, dict[str, Any]] | None = None
+    _pool: ThreadPoolExecutor | None = None
 
     def on_train_start(self, trainer) -> None:
-        pass
+        self._prev_tokens = trainer.state.tokens
 
     def on_step_end(self, trainer) -> None:
+        self.collect(trainer, wait=False)
         s = trainer.state
-        if s.step % self.cfg.every_steps == 0:
+        if self.cfg.every_tokens:
+            n = self.cfg.every_tokens
+            due = s.tokens // n > self._prev_tokens // n
+        else:
+            due = s.step % self.cfg.every_steps == 0
+        self._prev_tokens = s.tokens
+        if due and not s.should_stop:
             self.run(trainer)
 
     def on_train_end(self, trainer) -> None:
+        self.collect(trainer, wait=True)
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
         if not self.history or self.history[-1]["step"] != trainer.state.step:
-            self.run(trainer)
+            self.run(trainer, final=True)
 
     def score(self, trainer) -> dict[str, float]:
         world = getattr(trainer, "world", None)
         return evaluate(trainer.model, self.val, self.attention, self.domains, world)
 
-    def run(self, trainer) -> dict[str, Any]:
+    def _base(self, trainer) -> dict[str, Any]:
+        s = trainer.state
+        return {"step": s.step, "tokens": s.tokens, "targets": s.targets, "updates": s.step}
+
+    def run(self, trainer, final: bool = False) -> dict[str, Any] | None:
+        """Evaluate the current weights now (or submit them, when asynchronous)."""
+        if self.cfg.asynchronous and not final:
+            self.submit(trainer)
+            return None
         s = trainer.state
         clock = trainer.clock
         phase_id = None
@@ -116,21 +154,67 @@ class EvalCallback:
         else:
             metrics = self.score(trainer)
             snapshot = weights_digest(trainer.model)
-        record = {
-            "step": s.step,
-            "tokens": s.tokens,
-            "targets": s.targets,
-            "updates": s.step,
-            "metrics": metrics,
-            "snapshot": snapshot,
-        }
+        return self._record(
+            {**self._base(trainer), "metrics": metrics, "snapshot": snapshot}, trainer, phase_id
+        )
+
+    def submit(self, trainer) -> None:
+        """Copy the weights and score the copy in the background."""
+        self.collect(trainer, wait=True)
+        snapshot_model = copy.deepcopy(trainer.model)
+        # An in-place compiled module would call the original's compiled forward.
+        if getattr(snapshot_model, "_compiled_call_impl", None) is not None:
+            snapshot_model._compiled_call_impl = None
+        base = {**self._base(trainer), "snapshot": weights_digest(snapshot_model)}
+        autocast = trainer.autocast
+
+        def work() -> tuple[dict[str, float], float, float]:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            with autocast():  # autocast state is per thread
+                metrics = evaluate(snapshot_model, self.val, self.attention, self.domains)
+            return metrics, time.perf_counter() - wall, time.thread_time() - cpu
+
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="ledgerlm-eval")
+        self._pending = (self._pool.submit(work), base)
+
+    def collect(self, trainer, wait: bool) -> dict[str, Any] | None:
+        """Record a finished background evaluation (waiting for it when ``wait``)."""
+        if self._pending is None or not (wait or self._pending[0].done()):
+            return None
+        future, base = self._pending
+        self._pending = None
+        clock, step = trainer.clock, trainer.state.step
+        phase_id = None
+        if clock:
+            with clock.interrupt("eval", step) as phase:
+                metrics, wall, cpu = future.result()
+                phase.detail.update(
+                    asynchronous=True,
+                    snapshot_step=base["step"],
+                    eval_wall_seconds=round(wall, 6),
+                    eval_compute_seconds=round(cpu, 6),
+                )
+                phase_id = phase.id
+        else:
+            metrics, wall, cpu = future.result()
+        return self._record({**base, "metrics": metrics}, trainer, phase_id)
+
+    def _record(self, record: dict[str, Any], trainer, phase_id: int | None) -> dict[str, Any]:
+        clock = trainer.clock
         if clock:
             clock.ledger.add_evaluation(clock.run_id, phase_id=phase_id, **record)
-            clock.ledger.set_counters(clock.run_id, s.counters())
+            clock.ledger.set_counters(clock.run_id, trainer.state.counters())
         self.history.append(record)
-        value = metrics[self.metric]
-        if self.reached_step is None and math.isfinite(value) and value <= self.cfg.target_loss:
-            self.reached_step = s.step
-            if self.cfg.stop_at_target:
-                s.should_stop, s.stop_reason = True, "target confirmed"
+        self.observe(record, trainer)
         return record
+
+    def observe(self, record: dict[str, Any], trainer) -> None:
+        """Apply the confirmation rule to the next evaluation in step order."""
+        value = record["metrics"].get(self.cfg.metric)
+        ok = isinstance(value, int | float) and math.isfinite(value)
+        self._streak = self._streak + 1 if ok and value <= self.cfg.target_loss else 0
+        if self.reached_step is None and self._streak >= self.cfg.confirm:
+            self.reached_step = record["step"]
+            if trainer is not None and self.cfg.stop_at_target:
+                trainer.state.should_stop, trainer.state.stop_reason = True, "target confirmed"

@@ -185,7 +185,7 @@ class Trainer:
             if mb.num_targets == 0:  # adds 0 to the numerator; its rows are already counted
                 continue
             with self.autocast():  # backward reuses the forward's dtypes; it runs outside
-                mask = mb.attention_mask(self.attention)
+                mask = self.model.attention_spec(mb.doc_ids, self.attention)
                 logits = self.model(mb.input_ids, mb.position_ids, mask)
                 per_target = masked_target_loss(logits, mb.targets, mb.loss_mask)
                 numerator, _ = objective_terms(per_target, mb.loss_mask, *terms)

@@ -10,7 +10,6 @@ updates as an uninterrupted one (same thread count, deterministic kernels).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -92,21 +91,12 @@ class ResumedEval(EvalCallback):
         self.recorded = {int(e["step"]): e for e in earlier if e["step"] > step}
         for e in sorted((e for e in earlier if e["step"] <= step), key=lambda e: e["step"]):
             self.history.append(e)
-            self._check_target(e, None)
+            self.observe(e, None)
 
-    def _check_target(self, record: dict[str, Any], trainer) -> None:
-        value = record["metrics"].get(self.metric)
-        if self.reached_step is not None or value is None or not math.isfinite(value):
-            return
-        if value <= self.cfg.target_loss:
-            self.reached_step = record["step"]
-            if trainer is not None and self.cfg.stop_at_target:
-                trainer.state.should_stop, trainer.state.stop_reason = True, "target confirmed"
-
-    def run(self, trainer) -> dict[str, Any]:
+    def run(self, trainer, final: bool = False) -> dict[str, Any] | None:
         earlier = self.recorded.pop(trainer.state.step, None)
         if earlier is None or earlier["snapshot"] != weights_digest(trainer.model):
-            return super().run(trainer)
+            return super().run(trainer, final)
         self.history.append(earlier)
-        self._check_target(earlier, trainer)
+        self.observe(earlier, trainer)
         return earlier

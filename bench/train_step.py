@@ -39,6 +39,7 @@ from ledgerlm.model.gpt import GPT, ffn_hidden
 from ledgerlm.tokens.packing import Batch, batches, pack_documents
 from ledgerlm.train.loop import Trainer
 from ledgerlm.train.optim import build_optimizer
+from machine_load import cpu_jiffies, foreign_load
 
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -89,27 +90,6 @@ def matmul_peak(dtype: torch.dtype, size: int, repeat: int) -> float:
     a @ b  # first call: allocation, kernel selection
     best = min(_timed(lambda: a @ b) for _ in range(repeat))
     return 2 * size**3 / best / 1e9
-
-
-def cpu_jiffies() -> tuple[int, int] | None:
-    """(busy, total) CPU time of the whole machine from /proc/stat (Linux), else None."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + fields[4]  # idle + iowait
-    return sum(fields[:8]) - idle, sum(fields[:8])
-
-
-def foreign_load(start: tuple[int, int] | None, own_start: float) -> float | None:
-    """Share of the machine's CPU time since ``start`` used by other processes: the
-    numbers are only as good as this is small (a busy core stalls every parallel op)."""
-    end = cpu_jiffies()
-    if start is None or end is None or end[1] == start[1]:
-        return None
-    hz = os.sysconf("SC_CLK_TCK")
-    own = (sum(os.times()[:2]) - own_start) * hz
-    return max(0.0, (end[0] - start[0] - own) / (end[1] - start[1]))
 
 
 def gemm_ceiling(shape: Shape, dtype: torch.dtype, repeat: int) -> float:

@@ -1,0 +1,29 @@
+"""How busy the machine is while a benchmark runs (Linux /proc/stat), shared by the
+benchmark scripts: a figure measured while other processes use the CPU is reported
+with that share beside it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cpu_jiffies() -> tuple[int, int] | None:
+    """(busy, total) CPU time of the whole machine from /proc/stat (Linux), else None."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields[:8]) - idle, sum(fields[:8])
+
+
+def foreign_load(start: tuple[int, int] | None, own_start: float) -> float | None:
+    """Share of the machine's CPU time since ``start`` used by other processes: the
+    numbers are only as good as this is small (a busy core stalls every parallel op)."""
+    end = cpu_jiffies()
+    if start is None or end is None or end[1] == start[1]:
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    own = (sum(os.times()[:2]) - own_start) * hz
+    return max(0.0, (end[0] - start[0] - own) / (end[1] - start[1]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import math
 import re
 import shutil
@@ -142,7 +143,7 @@ def test_comparison_table_and_rules(page: str) -> None:
     for text in ("baseline", "recipe", "not comparable", "fewer steps to target (1500 vs 2000)"):
         assert text in page
     assert NO_TEST in page
-    assert RULE.replace("'", "&#x27;") in page
+    assert html.escape(RULE) in page
 
 
 def test_gaps_and_edge_cases(summaries) -> None:

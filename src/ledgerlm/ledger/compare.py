@@ -28,9 +28,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 RULE = (
-    "time-to-target = wall time of all phases up to the first evaluation at or below "
-    "the target. Each run is compared with the first (baseline): 'not comparable' when "
-    "either run did not reach the target or their targets (metric, threshold) differ; "
+    "time-to-target = wall time of all phases up to the evaluation that confirms the "
+    "target (the first to complete the contract's number of consecutive evaluations at "
+    "or below it). Each run is compared with the first (baseline): 'not comparable' when "
+    "either run did not reach the target or their targets (metric, threshold, "
+    "confirmation) differ; "
     "'execution' when both confirmed the target at the same step with the same tokens, "
     "so the same training ran faster or slower (step time, prep, eval, checkpoint); "
     "'recipe' when the confirmed steps or tokens differ, so the recipe changed how much "
@@ -38,7 +40,8 @@ RULE = (
     "granularity (eval every N steps). Runs whose recipes are equal apart from "
     "train.seed (and the run name) form one seed group: mean, min-max, sample std, n. "
     "All of this is measured on the validation set, which is the tuning set: a recipe "
-    "difference found there is not the final figure, which needs a test-set evaluation."
+    "difference found there is not the final figure, which is the once-only test-set "
+    "score of the final weights (data.test_fraction > 0)."
 )
 NO_TEST = "final figure: not measured (no test set evaluation)"
 SHARE_KINDS = ("prep", "tokenize", "eval", "checkpoint")
@@ -149,7 +152,11 @@ def run_figures(summary: Mapping[str, Any]) -> dict[str, Any]:
         "name": run.get("name"),
         "status": run.get("status"),
         "seed": _seed(run.get("recipe") or {}),
-        "target": {"metric": run.get("target_metric"), "threshold": run.get("target_value")},
+        "target": {
+            "metric": run.get("target_metric"),
+            "threshold": run.get("target_value"),
+            "confirm": int(((run.get("meta") or {}).get("contract") or {}).get("confirm", 1)),
+        },
         "eval_every": run.get("eval_every"),
         "reached": bool(ttt["reached"]),
         "time_to_target": ttt["seconds"] if ttt["reached"] else None,

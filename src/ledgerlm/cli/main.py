@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ledgerlm.cli import config_cmd, data_cmd, export_cmd, ledger_cmd, report_cmd
+from ledgerlm.cli import config_cmd, data_cmd, export_cmd, ledger_cmd, report_cmd, scale_cmd
 from ledgerlm.cli.recipes import shipped_recipe
 from ledgerlm.cli.render import (
     continued_rows,
@@ -38,6 +38,7 @@ app.add_typer(config_cmd.app, name="config")
 app.add_typer(data_cmd.app, name="data")
 app.add_typer(ledger_cmd.app, name="ledger")
 app.add_typer(export_cmd.app, name="export")
+app.add_typer(scale_cmd.app, name="scale")
 app.command("report")(report_cmd.report)
 
 

@@ -1,0 +1,607 @@
+"""Scaling sweeps (SPEC S1): plan a grid of model sizes N and token budgets D, run it
+on one data version with an explicit tuning rule, and read the points back.
+
+**What N counts.** N is every weight the forward pass multiplies by, once: the
+blocks, the final norm and the output head (``d_model x vocab``, counted even when
+it is tied to the embedding), but not the token-embedding lookup, which costs no
+FLOPs. That is the N of C = 6 N D. For a tied model it equals
+``GPT.num_params()``; for an untied one ``GPT.num_params(non_embedding=True)``.
+
+**Shape rule.** Width ``d_model`` is a multiple of 16 with ``16 <= d_model /
+n_layers <= 256`` (the aspect rule ``d_model = 64 x n_layers``, within a factor 4:
+Kaplan et al. 2020 find the loss moves by a few percent at most over that range);
+heads are 32 wide when 32 divides ``d_model``, else 16 (so every head dimension is
+even, as RoPE needs). Of all such shapes the plan takes the one whose N is closest
+to the target (in log ratio) and, among the shapes within one percentage point of
+that closest one, the one nearest ``d_model = 64 x n_layers``. A target no shape
+comes within 25% of is an error. With a 512-token vocabulary the realized N is
+within 8% of the target from 2e5 to 1e6, 4% to 1e7 and 1.5% beyond (tested);
+below ~2e5 the shapes are too coarse for that, and the realized N is what counts.
+``ffn_mult``, ``tie_embeddings`` and every other model setting stay the base
+recipe's.
+
+**Token rule.** One optimizer step consumes ``micro_batch_rows x grad_accum x
+seq_len`` token positions; ``max_steps = ceil(D / that)``, and the realized D is
+``max_steps`` steps of it (the ledger's token counter, which leaves out padding,
+is what ``sweep_points`` reads back). For an isoFLOP budget C, D = C / (6 N) with the
+realized N.
+
+**Tuning rule** (recorded in every run's overrides and ``sweep`` event):
+``fixed`` keeps the base recipe's ``train.lr``; ``sqrt`` uses ``lr x
+sqrt(d_base / d_model)``. Warmup keeps the base recipe's share of its schedule
+(``round(warmup_steps / max_steps x max_steps')``, at least 1 step when the base
+warms up); the evaluation interval is ``ceil(max_steps / 8)`` (the last state is
+always evaluated); ``eval.stop_at_target = false`` and no token or wall-time budget,
+so every curve runs its full budget and stays whole in the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import secrets
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ledgerlm.config import Recipe, apply_overrides, recipe_from_dict
+from ledgerlm.ledger.store import Ledger, LedgerError
+from ledgerlm.progress import NullProgress, Progress
+from ledgerlm.scaling.law import KAPPA
+from ledgerlm.workspace import Workspace
+
+WIDTH_STEP = 16  # d_model is a multiple of this
+ASPECT = 64  # d_model ~ ASPECT x n_layers ...
+ASPECT_BAND = (16, 256)  # ... within these bounds of d_model / n_layers
+MAX_LAYERS = 256
+MAX_WIDTH = 16_384
+TIE_MARGIN = 0.01  # shapes within this log distance of the closest N count as ties
+MAX_MISS = math.log(1.25)  # no shape within 25% of the target: an error
+EVALS_PER_RUN = 8
+LR_RULES = ("fixed", "sqrt")
+EVENT = "sweep"  # the ledger event kind that groups a sweep's runs
+SWEEP_ID = re.compile(r"(.+-sweep-[0-9a-f]{6})")  # a run of the sweep is named <id>-<point>
+
+SHAPE_RULE = (
+    "d_model a multiple of 16 with 16 <= d_model/n_layers <= 256; head dim 32 (16 when 32 "
+    "does not divide d_model); N closest to the target, ties (within 1 point) to "
+    "d_model = 64 x n_layers"
+)
+N_DEFINITION = "blocks + final norm + output head (d_model x vocab); token embedding excluded"
+
+
+class SweepError(ValueError):
+    """A sweep that cannot be planned or read; the message is one line."""
+
+
+# -- shapes ---------------------------------------------------------------------------
+
+
+def heads_for(d_model: int) -> int:
+    """Heads 32 wide when 32 divides ``d_model``, else 16 wide (even, as RoPE needs)."""
+    return d_model // 32 if d_model % 32 == 0 else d_model // 16
+
+
+def param_count(d_model: int, n_layers: int, vocab_size: int, ffn_mult: float = 8 / 3) -> int:
+    """N of a ``GPT`` (see the module docstring): per block q, k, v, o (4 d^2), SwiGLU
+    (3 d h, h = ffn_mult d rounded up to 16) and two norms (2 d); the final norm (d);
+    the head (d V). Checked against ``GPT`` in the tests."""
+    hidden = 16 * math.ceil(ffn_mult * d_model / 16)  # = model.gpt.ffn_hidden
+    block = 4 * d_model * d_model + 3 * d_model * hidden + 2 * d_model
+    return n_layers * block + d_model + d_model * vocab_size
+
+
+@dataclass(frozen=True)
+class Shape:
+    d_model: int
+    n_layers: int
+    n_heads: int
+    N: int
+
+
+def _widths(n_layers: int) -> tuple[int, int]:
+    lo = max(WIDTH_STEP, math.ceil(ASPECT_BAND[0] * n_layers / WIDTH_STEP) * WIDTH_STEP)
+    hi = min(MAX_WIDTH, ASPECT_BAND[1] * n_layers // WIDTH_STEP * WIDTH_STEP)
+    return lo, hi
+
+
+def _near(target: int, n_layers: int, vocab: int, ffn_mult: float) -> list[int]:
+    """The widths (at this depth) whose N brackets the target; N grows with width."""
+    lo, hi = _widths(n_layers)
+    if lo > hi:
+        return []
+    a, b = lo // WIDTH_STEP, hi // WIDTH_STEP  # search over k with d_model = 16 k
+    while a < b:
+        mid = (a + b) // 2
+        if param_count(mid * WIDTH_STEP, n_layers, vocab, ffn_mult) < target:
+            a = mid + 1
+        else:
+            b = mid
+    return [WIDTH_STEP * k for k in sorted({a, max(a - 1, lo // WIDTH_STEP)})]
+
+
+def smallest_shape(vocab_size: int, ffn_mult: float = 8 / 3) -> Shape:
+    d = _widths(1)[0]
+    return Shape(d, 1, heads_for(d), param_count(d, 1, vocab_size, ffn_mult))
+
+
+def choose_shape(target: int, vocab_size: int, ffn_mult: float = 8 / 3) -> Shape:
+    """The shape the rule in the module docstring picks for a target N."""
+    if target < 1:
+        raise SweepError(f"size {target}: a parameter count must be positive")
+    found: list[tuple[float, float, int, int, int]] = []
+    for n_layers in range(1, MAX_LAYERS + 1):
+        for d in _near(target, n_layers, vocab_size, ffn_mult):
+            n = param_count(d, n_layers, vocab_size, ffn_mult)
+            miss = abs(math.log(n / target))
+            found.append((miss, abs(math.log(d / (ASPECT * n_layers))), n_layers, d, n))
+    best = min(f[0] for f in found)
+    near = [f for f in found if f[0] <= best + TIE_MARGIN]
+    _, _, n_layers, d, n = min(near, key=lambda f: (f[1], f[0], f[2], f[3]))
+    if best > MAX_MISS:
+        small = smallest_shape(vocab_size, ffn_mult)
+        if target < small.N:
+            raise SweepError(
+                f"size {target:,} is below the smallest shape (d_model={small.d_model}, "
+                f"n_layers=1: N = {small.N:,} at vocab {vocab_size:,}; N counts "
+                f"{N_DEFINITION})"
+            )
+        raise SweepError(
+            f"size {target:,}: no shape comes within 25% (closest: d_model={d}, "
+            f"n_layers={n_layers}, N = {n:,})"
+        )
+    return Shape(d, n_layers, heads_for(d), n)
+
+
+# -- the plan -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanPoint:
+    """One run of a sweep: the overrides that make it from the base recipe, and its
+    realized N (parameters, as counted above), D (token positions) and C = 6 N D."""
+
+    name: str
+    overrides: tuple[str, ...]
+    N: int
+    D: int
+    C: float
+    target_N: int
+    target_D: int | None
+    target_C: float | None
+    d_model: int
+    n_layers: int
+    n_heads: int
+    max_steps: int
+    lr: float
+    rule: dict[str, Any] = field(compare=False)
+
+    def recipe(self, base: Recipe, name: str | None = None) -> Recipe:
+        """The base recipe with this point's overrides (and ``name``, when given)."""
+        tree = apply_overrides(base.to_dict(), list(self.overrides))
+        tree["name"] = name or f"{base.name}-{self.name}"
+        return recipe_from_dict(tree, f"sweep point {self.name}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["overrides"] = list(self.overrides)
+        return out
+
+
+def tokens_per_step(base: Recipe) -> int:
+    t = base.train
+    return t.micro_batch_rows * t.grad_accum * base.pack.seq_len
+
+
+def _short(x: float) -> str:
+    """3 significant digits with a k/M/G/T suffix: 200080 -> '200k'."""
+    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1, "")):
+        if abs(x) >= scale or scale == 1:
+            return f"{float(f'{x / scale:.3g}'):g}{suffix}"
+    raise AssertionError  # pragma: no cover
+
+
+def _rule(base: Recipe, lr_rule: str, evals_per_run: int, tps: int) -> dict[str, Any]:
+    t = base.train
+    lr = {
+        "fixed": "lr = base lr",
+        "sqrt": "lr = base lr x sqrt(base d_model / d_model)",
+    }[lr_rule]
+    return {
+        "lr_rule": lr_rule,
+        "lr": lr,
+        "base_lr": t.lr,
+        "base_d_model": base.model.d_model,
+        "warmup": f"base share of the schedule ({t.warmup_steps}/{t.max_steps} steps), "
+        "at least 1 step when the base warms up",
+        "eval": f"every ceil(max_steps / {evals_per_run}) steps and at the end; "
+        "stop_at_target = false; no token or wall-time budget",
+        "shape": SHAPE_RULE,
+        "N": N_DEFINITION,
+        "tokens_per_step": tps,
+        "kappa": KAPPA,
+    }
+
+
+def _overrides(base: Recipe, shape: Shape, max_steps: int, lr: float, evals: int) -> list[str]:
+    t = base.train
+    out = [
+        f"model.d_model={shape.d_model}",
+        f"model.n_layers={shape.n_layers}",
+        f"model.n_heads={shape.n_heads}",
+        f"train.max_steps={max_steps}",
+        f"train.lr={lr!r}",
+    ]
+    if t.schedule_unit == "tokens":
+        tokens = max_steps * tokens_per_step(base)
+        share = t.warmup_tokens / (t.schedule_tokens or 1)
+        out += [f"train.schedule_tokens={tokens}", f"train.warmup_tokens={round(share * tokens)}"]
+    else:
+        warmup = round(t.warmup_steps / t.max_steps * max_steps)
+        if t.warmup_steps:
+            warmup = max(1, warmup)
+        out.append(f"train.warmup_steps={min(warmup, max_steps)}")
+    out += [
+        f"eval.every_steps={math.ceil(max_steps / evals)}",
+        "eval.every_tokens=0",
+        "eval.stop_at_target=false",
+        "eval.budget_tokens=0",
+        "eval.budget_seconds=0",
+    ]
+    return out
+
+
+def _positive(values: Sequence[float] | None, what: str) -> list[float]:
+    out = list(values or [])
+    for v in out:
+        if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
+            raise SweepError(f"{what}: {v!r} is not a positive number")
+    return out
+
+
+def plan(
+    base: Recipe,
+    sizes: Sequence[int],
+    tokens: Sequence[int] | None = None,
+    flops: Sequence[float] | None = None,
+    vocab_size: int | None = None,
+    *,
+    lr_rule: str = "fixed",
+    evals_per_run: int = EVALS_PER_RUN,
+) -> list[PlanPoint]:
+    """The grid sizes x tokens (each size trained on each token budget) or sizes x
+    flops (isoFLOP: each size gets D = C / (6 N) for each budget C), in that order.
+
+    ``vocab_size`` defaults to the recipe's ``tokenizer.vocab_size``. Deterministic: the
+    same inputs give the same points. Raises ``SweepError`` (one line) for a point no
+    shape or step count can honour.
+    """
+    sizes_ = _positive(sizes, "sizes")
+    tokens_ = _positive(tokens, "tokens")
+    flops_ = _positive(flops, "flops")
+    if not sizes_:
+        raise SweepError("no sizes: give at least one target parameter count")
+    if bool(tokens_) == bool(flops_):
+        raise SweepError("give token budgets or FLOP budgets (isoFLOP), exactly one of the two")
+    if lr_rule not in LR_RULES:
+        raise SweepError(f"lr rule {lr_rule!r}: choose one of {', '.join(LR_RULES)}")
+    if evals_per_run < 1:
+        raise SweepError(f"evals_per_run must be >= 1, got {evals_per_run}")
+    if base.train.init_from:
+        raise SweepError("a sweep trains every size from scratch; the base sets train.init_from")
+    vocab = int(vocab_size or base.tokenizer.vocab_size)
+    tps = tokens_per_step(base)
+    rule = _rule(base, lr_rule, evals_per_run, tps)
+    ffn = base.model.ffn_mult
+    shapes = [(round(n), choose_shape(round(n), vocab, ffn)) for n in sizes_]
+
+    wanted: list[tuple[int, Shape, float, int | None, float | None]] = []
+    if tokens_:
+        for target_n, shape in shapes:
+            for d in tokens_:
+                wanted.append((target_n, shape, d, round(d), None))
+    else:
+        for c in flops_:
+            for target_n, shape in shapes:
+                wanted.append((target_n, shape, c / (KAPPA * shape.N), None, float(c)))
+
+    points: list[PlanPoint] = []
+    seen: dict[tuple[int, int, int], PlanPoint] = {}
+    for target_n, shape, d_want, target_d, target_c in wanted:
+        what = f"{_short(target_c)} FLOPs at N = {shape.N:,}" if target_c else f"{d_want:,.0f}"
+        if d_want < tps:
+            raise SweepError(
+                f"tokens {what}: less than one optimizer step ({tps:,} = micro_batch_rows "
+                f"{base.train.micro_batch_rows} x grad_accum {base.train.grad_accum} x "
+                f"seq_len {base.pack.seq_len}); raise the budget or shrink the batch"
+            )
+        max_steps = math.ceil(d_want / tps - 1e-9)
+        d = max_steps * tps
+        if math.log(d / d_want) > MAX_MISS:
+            raise SweepError(
+                f"tokens {what}: {max_steps} whole steps of {tps:,} tokens give {d:,} "
+                f"(+{100 * (d / d_want - 1):.0f}%, more than 25%); raise the budget or "
+                "shrink the batch"
+            )
+        lr = base.train.lr
+        if lr_rule == "sqrt":
+            lr = lr * math.sqrt(base.model.d_model / shape.d_model)
+        name = f"N{_short(shape.N)}-D{_short(d)}"
+        point = PlanPoint(
+            name=name,
+            overrides=tuple(_overrides(base, shape, max_steps, lr, evals_per_run)),
+            N=shape.N,
+            D=d,
+            C=KAPPA * shape.N * d,
+            target_N=target_n,
+            target_D=target_d,
+            target_C=target_c,
+            d_model=shape.d_model,
+            n_layers=shape.n_layers,
+            n_heads=shape.n_heads,
+            max_steps=max_steps,
+            lr=lr,
+            rule=rule,
+        )
+        key = (shape.d_model, shape.n_layers, max_steps)
+        if key in seen:
+            raise SweepError(
+                f"two grid entries give the same run {name} (d_model={shape.d_model}, "
+                f"n_layers={shape.n_layers}, {max_steps} steps); drop one"
+            )
+        seen[key] = point
+        points.append(point)
+    return points
+
+
+# -- running --------------------------------------------------------------------------
+
+
+def new_sweep_id(base: Recipe) -> str:
+    """``<recipe>-sweep-<6 hex>``: every run of the sweep is named with it as a prefix."""
+    return f"{base.name}-sweep-{secrets.token_hex(3)}"
+
+
+def _run_by_name(ledger: Ledger, name: str) -> str | None:
+    for run in ledger.list_runs():  # newest first
+        if run["name"] == name:
+            return run["id"]
+    return None
+
+
+def _record(ledger: Ledger, run_id: str, message: dict[str, Any]) -> None:
+    ledger.add_event(run_id, EVENT, json.dumps(message))
+
+
+class _Named:
+    """Progress whose task descriptions carry the point's name (``N200k-D100k train``)."""
+
+    def __init__(self, progress: Progress, prefix: str) -> None:
+        self.progress, self.prefix = progress, prefix
+
+    def task(self, description: str, total: float | None = None) -> Any:
+        return self.progress.task(f"{self.prefix} {description}", total)
+
+
+def run_sweep(
+    base: Recipe,
+    points: Sequence[PlanPoint],
+    workspace: Workspace,
+    progress: Progress | None = None,
+    sweep_id: str | None = None,
+    keep_going: bool = False,
+) -> list[str]:
+    """Run every point on the same data and tokens versions; returns the run ids.
+
+    Each run is named ``<sweep_id>-<point>`` and gets a ``sweep`` event (JSON: sweep
+    id, point, overrides, tuning rule, realized N, versions), written once the run has
+    an id, also when it fails. The first run prepares (or reuses) the data and tokens
+    versions; every later run must reuse exactly those, or the sweep stops. A run that
+    fails (a diverged loss, say) stops the sweep, unless ``keep_going``: then it stays
+    in the ledger as a failed run of the sweep and the next point runs.
+    """
+    from ledgerlm.runner import run_recipe  # the runner imports torch; plan() does not
+
+    progress = progress or NullProgress()
+    sweep_id = sweep_id or new_sweep_id(base)
+    if not SWEEP_ID.fullmatch(sweep_id):
+        raise SweepError(f"sweep id {sweep_id!r}: expected <name>-sweep-<6 hex digits>")
+    recipes = [p.recipe(base, f"{sweep_id}-{p.name}") for p in points]
+    if not recipes:
+        raise SweepError("an empty sweep: plan at least one point")
+    inputs = {r.digest("data", "tokenizer") for r in recipes}
+    assert len(inputs) == 1, "sweep points must share the data and tokenizer sections"
+    with Ledger(workspace.ledger_path) as ledger:
+        if any(r["name"].startswith(f"{sweep_id}-") for r in ledger.list_runs()):
+            raise SweepError(f"sweep id {sweep_id} is already in the ledger")
+    run_ids: list[str] = []
+    versions: tuple[str, str] | None = None
+    with progress.task("sweep", total=len(points)) as task:
+        for index, (point, recipe) in enumerate(zip(points, recipes, strict=True)):
+            message: dict[str, Any] = {
+                "sweep_id": sweep_id,
+                "index": index,
+                "of": len(points),
+                "point": point.to_dict(),
+                "base_recipe_sha256": base.digest(),
+            }
+            try:
+                result = run_recipe(recipe, workspace, _Named(progress, point.name))
+            except BaseException as exc:
+                with Ledger(workspace.ledger_path) as ledger:
+                    if failed := _run_by_name(ledger, recipe.name):
+                        _record(ledger, failed, {**message, "failed": repr(exc)})
+                        run_ids.append(failed)
+                if not keep_going or not isinstance(exc, Exception):
+                    raise
+                task.advance(1, info=f"{point.name} failed")
+                continue
+            vocab = int(result.tokens.manifest["tokenizer"]["vocab_size"])
+            n = param_count(point.d_model, point.n_layers, vocab, recipe.model.ffn_mult)
+            found = (result.data.version, result.tokens.version)
+            message.update(N=n, vocab_size=vocab, data_version=found[0], tokens_version=found[1])
+            with Ledger(workspace.ledger_path) as ledger:
+                _record(ledger, result.run_id, message)
+            run_ids.append(result.run_id)
+            if versions is None:
+                versions = found
+            elif found != versions:
+                raise SweepError(
+                    f"run {result.run_id} used data/tokens {found[0]}/{found[1]}, but the "
+                    f"sweep's first run used {versions[0]}/{versions[1]}: one data version "
+                    "per sweep"
+                )
+            task.advance(1, info=point.name)
+    return run_ids
+
+
+# -- reading points back --------------------------------------------------------------
+
+
+@dataclass
+class SweepPoints:
+    """Points read back from the ledger; unpacks as ``N, D, loss = sweep_points(...)``.
+
+    N: the run's parameter count as the plan counts it; D: tokens the run consumed
+    (the ledger's ``tokens`` counter, padding excluded); loss: the last evaluation's
+    validation loss. ``skipped`` lists (run id, reason) for runs with no point.
+    """
+
+    N: np.ndarray
+    D: np.ndarray
+    loss: np.ndarray
+    runs: list[str]
+    sweep_id: str | None = None
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    rules: list[dict[str, Any]] = field(default_factory=list)
+    versions: list[tuple[str | None, str | None]] = field(default_factory=list)
+
+    def __iter__(self):
+        return iter((self.N, self.D, self.loss))
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+    def distinct(self) -> int:
+        """How many distinct (N, D) pairs there are (repeated seeds count once)."""
+        return len(set(zip(self.N.tolist(), self.D.tolist(), strict=True)))
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [
+            {"run": r, "N": int(n), "D": int(d), "loss": float(v)}
+            for r, n, d, v in zip(self.runs, self.N, self.D, self.loss, strict=True)
+        ]
+
+
+def _sweep_event(summary: dict[str, Any]) -> dict[str, Any] | None:
+    found = None
+    for event in summary["events"]:
+        if event["kind"] == EVENT:
+            found = json.loads(event["message"])
+    return found
+
+
+def _vocab(summary: dict[str, Any], workspace: Workspace | None) -> int:
+    run = summary["run"]
+    version = run.get("tokens_version")
+    if workspace is not None and version and workspace.has_version("tokens", version):
+        return int(workspace.manifest("tokens", version)["tokenizer"]["vocab_size"])
+    return int(run["recipe"]["tokenizer"]["vocab_size"])
+
+
+def run_point(
+    summary: dict[str, Any], workspace: Workspace | None = None, metric: str = "loss"
+) -> tuple[int, int, float] | str:
+    """(N, D, final loss) of one run's summary, or why it has none."""
+    run = summary["run"]
+    if run["status"] not in ("reached", "not reached"):
+        return f"status {run['status']}"
+    evals = [e for e in summary["evaluations"] if e["metrics"].get(metric) is not None]
+    if not evals:
+        return f"no {metric} evaluation"
+    loss = float(evals[-1]["metrics"][metric])
+    tokens = summary["counters"].get("tokens")
+    if not tokens:
+        return "no tokens counter"
+    event = _sweep_event(summary)
+    if event is not None and "N" in event:
+        n = int(event["N"])
+    else:
+        model = run["recipe"]["model"]
+        n = param_count(
+            model["d_model"], model["n_layers"], _vocab(summary, workspace), model["ffn_mult"]
+        )
+    return n, int(tokens), loss
+
+
+def find_sweep(ledger: Ledger, ref: str) -> tuple[str, list[str]]:
+    """A sweep id (exact, unique prefix, or ``latest``) -> (sweep id, its run ids, in plan
+    order)."""
+    latest = ref == "latest"
+    members: dict[str, list[tuple[int, float, str]]] = {}  # sweep id -> (index, time, run)
+    for run in ledger.list_runs():  # newest first, so the first sweep seen is the latest
+        if not (latest or run["name"].startswith(ref)):
+            continue
+        event = _sweep_event(ledger.run_summary(run["id"]))
+        if event is not None:
+            sid, index = event["sweep_id"], int(event["index"])
+        elif named := SWEEP_ID.match(run["name"]):
+            # named for a sweep but never given its event (killed, then perhaps resumed)
+            sid, index = named.group(1), 1 << 30
+        else:
+            continue
+        if latest or sid.startswith(ref):
+            members.setdefault(sid, []).append((index, run["created_at"], run["id"]))
+    if not members:
+        raise LedgerError(f"no sweep matches {ref!r}")
+    found = list(members)
+    if latest or len(found) == 1:
+        sid = found[0]
+    elif ref in members:
+        sid = ref
+    else:
+        raise LedgerError(f"{ref!r} matches {len(found)} sweeps: {', '.join(found[:5])}")
+    return sid, [run_id for *_, run_id in sorted(members[sid])]
+
+
+def sweep_points(
+    ledger: Ledger,
+    ref: str | Sequence[str],
+    workspace: Workspace | None = None,
+    metric: str = "loss",
+) -> SweepPoints:
+    """The (N, D, loss) points of a sweep (id, unique prefix or ``latest``) or of a list
+    of runs (ids, prefixes). Runs without a final point (failed, still running) are
+    listed in ``skipped``."""
+    sweep_id = None
+    if isinstance(ref, str):
+        sweep_id, run_ids = find_sweep(ledger, ref)
+    else:
+        run_ids = list(dict.fromkeys(ledger.resolve_run(r) for r in ref))
+    n, d, loss, runs, skipped, rules, versions = [], [], [], [], [], [], []
+    for run_id in run_ids:
+        summary = ledger.run_summary(run_id)
+        found = run_point(summary, workspace, metric)
+        if isinstance(found, str):
+            skipped.append((run_id, found))
+            continue
+        n.append(found[0])
+        d.append(found[1])
+        loss.append(found[2])
+        runs.append(run_id)
+        event = _sweep_event(summary)
+        rules.append(event["point"]["rule"] if event else {})
+        versions.append((summary["run"]["data_version"], summary["run"]["tokens_version"]))
+    return SweepPoints(
+        np.asarray(n, dtype=np.float64),
+        np.asarray(d, dtype=np.float64),
+        np.asarray(loss, dtype=np.float64),
+        runs,
+        sweep_id,
+        skipped,
+        rules,
+        versions,
+    )

@@ -96,10 +96,13 @@ def law_csv(tmp_path):
 
 
 def test_fit_and_recommend_from_a_csv_of_known_parameters(law_csv):
-    fit = json.loads(
-        ledgerlm("scale", "fit", "--csv", str(law_csv), "--bootstrap", "30", "--json").stdout
-    )
+    page = law_csv.with_name("fit.html")
+    args = ("--csv", str(law_csv), "--bootstrap", "30", "--report", str(page), "--json")
+    fit = json.loads(ledgerlm("scale", "fit", *args).stdout)
     assert fit["n_points"] == 20 and fit["warnings"] == []
+    html = page.read_text()
+    assert fit["report"] == str(page) and html.count('<svg class="chart"') >= 2
+    assert "<script" not in html
     for name, value in TRUE.to_dict().items():
         assert fit["params"][name] == pytest.approx(value, rel=1e-3)
         lo, hi = fit["intervals"][name]

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import html
 import math
-import re
-import shutil
-import xml.etree.ElementTree as ET
 from functools import partial
 from pathlib import Path
 
@@ -17,10 +14,10 @@ from ledgerlm.ledger import Ledger
 from ledgerlm.ledger.compare import NO_TEST, RULE
 from ledgerlm.ledger.report import eval_seconds, nice_ticks, render_report
 from ledgerlm.workspace import Workspace
+from report_helpers import SVG, by_class, console_errors, headless_chromium, svgs
 from seed_ledger import seed_run
 
 EVIL = "<script>alert(1)</script>"
-SVG = "{http://www.w3.org/2000/svg}"
 
 
 @pytest.fixture(scope="module")
@@ -57,15 +54,6 @@ def summaries(ledger_ws) -> list[dict]:
 @pytest.fixture(scope="module")
 def page(summaries) -> str:
     return render_report(summaries)
-
-
-def svgs(page: str) -> list[ET.Element]:
-    """Every inline SVG, parsed as XML (which also proves each one is well formed)."""
-    return [ET.fromstring(m) for m in re.findall(r"<svg\b.*?</svg>", page, flags=re.S)]
-
-
-def by_class(root: ET.Element, cls: str) -> list[ET.Element]:
-    return [el for el in root.iter() if cls in (el.get("class") or "").split()]
 
 
 def test_text_from_the_ledger_is_escaped(page: str, summaries) -> None:
@@ -172,36 +160,10 @@ def test_cli_writes_the_report(ledger_ws, tmp_path: Path) -> None:
 # -- in a real browser --------------------------------------------------------------------
 
 
-def _browser():
-    """A headless Chromium driven by chromedriver, or a skip that says what is missing."""
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        pytest.skip("selenium is not installed (pip install -e '.[dev]')")
-    chromium = next(
-        (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p),
-        None,
-    )
-    driver_path = shutil.which("chromedriver")
-    if chromium is None or driver_path is None:
-        pytest.skip(
-            "chromium or chromedriver not found: run `make browser` "
-            "(Debian: apt-get install chromium chromium-driver)"
-        )
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
-        options.add_argument(arg)
-    options.add_argument("--window-size=1280,1000")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
-
-
 def test_report_renders_in_headless_chromium(page: str, summaries, tmp_path: Path) -> None:
     path = tmp_path / "report.html"
     path.write_text(page, encoding="utf-8")
-    driver = _browser()
+    driver = headless_chromium()
     try:
         driver.get(path.as_uri())
         boxes = driver.execute_script(
@@ -220,8 +182,7 @@ def test_report_renders_in_headless_chromium(page: str, summaries, tmp_path: Pat
         # The script-named run is text on the page, not code: no alert, shown verbatim.
         assert driver.execute_script("return document.scripts.length") == 0
         assert EVIL in driver.find_element("tag name", "body").text
-        errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
-        assert errors == []
+        assert console_errors(driver) == []
         # The check can fail: an error on the console is seen by the same log.
         driver.execute_script("console.error('probe')")
         assert any("probe" in e["message"] for e in driver.get_log("browser"))

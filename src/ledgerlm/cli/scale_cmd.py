@@ -22,6 +22,7 @@ from ledgerlm.cli.ui import (
     friendly_errors,
 )
 from ledgerlm.config import load_recipe
+from ledgerlm.workspace import atomic_write_text
 
 app = typer.Typer(
     help="Scaling sweeps: plan and run a grid of model sizes N x token budgets D on one "
@@ -363,6 +364,22 @@ def _fit(points: dict[str, Any], n_boot: int, seed: int):
     return law, boot
 
 
+def _write_report(path: Path, points: dict[str, Any], law, boot) -> None:
+    """The fit as an HTML page, written atomically; isoFLOP curves when budgets repeat."""
+    from ledgerlm.ledger.scaling_report import render_scaling_report
+    from ledgerlm.scaling.fit import isoflop_fit
+
+    N, D, loss = points["N"], points["D"], points["loss"]
+    try:
+        iso = isoflop_fit(N, D, loss)
+    except ValueError:  # no budget with enough points: the page says so
+        iso = None
+    title = f"ledgerlm scaling fit: {_describe(points['source'])}"
+    page = render_scaling_report(N, D, loss, law, boot=boot, isoflop=iso, title=title)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, page)
+
+
 def _fit_dict(points: dict[str, Any], law, boot, level: float = 0.95) -> dict[str, Any]:
     import numpy as np
 
@@ -424,6 +441,14 @@ def fit_cmd(
     seed: SeedOpt = 0,
     workspace: WorkspaceOpt = DEFAULT_WS,
     as_json: JsonOpt = False,
+    report: Annotated[
+        Path | None,
+        typer.Option(
+            "--report",
+            help="Also write a self-contained HTML page: loss vs compute with the fitted "
+            "frontier and its bootstrap band, isoFLOP curves, residuals.",
+        ),
+    ] = None,
 ) -> None:
     """Fit L(N, D) = E + A N^-alpha + B D^-beta to a sweep, a list of runs or a CSV.
 
@@ -436,6 +461,9 @@ def fit_cmd(
     points = _load(sweep, runs, csv, workspace)
     law, boot = _fit(points, bootstrap, seed)
     result = _fit_dict(points, law, boot)
+    if report is not None:
+        _write_report(report, points, law, boot)
+        result["report"] = str(report)
     if as_json:
         console.print_json(json.dumps(result))
         return

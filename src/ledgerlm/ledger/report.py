@@ -1,9 +1,10 @@
 """A self-contained HTML report over runs: loss curves, phase times, the comparison.
 
-The page is one file with inline SVG drawn here, no scripts and no external resources,
-so it opens anywhere and can be archived beside the ledger. Every piece of text that
-comes from the ledger (run ids and names, metric names, phase kinds, recipe values)
-goes through ``html.escape``: a run may be named ``<script>``.
+The page is one file with inline SVG (drawn with the primitives in ``charts.py``, shared
+with the scaling report), no scripts and no external resources, so it opens anywhere and
+can be archived beside the ledger. Every piece of text that comes from the ledger (run
+ids and names, metric names, phase kinds, recipe values) goes through ``html.escape``:
+a run may be named ``<script>``.
 
 The time axis is the ledger's own clock: at each evaluation, the summed wall time of
 every phase recorded up to and including that evaluation's phase. That is the sum
@@ -13,25 +14,29 @@ time-to-target, and time a killed run spent waiting to be resumed is not drawn a
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ledgerlm.ledger.charts import (
+    BOTTOM,
+    LEFT,
+    RIGHT,
+    RUN_COLORS,
+    TOP,
+    H,
+    Scale,
+    W,
+    axes,
+    chart_svg,
+    e,
+    fmt_tick,
+    nice_ticks,
+    page,
+    run_color,
+)
 from ledgerlm.ledger.compare import compare_runs
 
-RUN_COLORS = (
-    "#1f77b4",
-    "#ff7f0e",
-    "#2ca02c",
-    "#d62728",
-    "#9467bd",
-    "#8c564b",
-    "#e377c2",
-    "#7f7f7f",
-    "#bcbd22",
-    "#17becf",
-)
 PHASE_ORDER = ("prep", "tokenize", "restore", "train", "eval", "checkpoint")
 PHASE_COLORS = {
     "prep": "#8dd3c7",
@@ -42,18 +47,6 @@ PHASE_COLORS = {
     "checkpoint": "#b3de69",
 }
 OTHER_PHASE_COLORS = ("#fccde5", "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f")
-
-W, H = 720, 340
-LEFT, RIGHT, TOP, BOTTOM = 70, 20, 20, 50
-
-
-def e(value: Any) -> str:
-    """Escape anything for HTML text or a quoted attribute."""
-    return html.escape(str(value), quote=True)
-
-
-def run_color(index: int) -> str:
-    return RUN_COLORS[index % len(RUN_COLORS)]
 
 
 def _dash(index: int) -> str:
@@ -81,71 +74,6 @@ def eval_seconds(summary: Mapping[str, Any]) -> list[float | None]:
             out.append(None)
             continue
         out.append(sum(_finite(p.get("seconds")) or 0.0 for p in chosen))
-    return out
-
-
-def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
-    """Round tick values covering [lo, hi]."""
-    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
-        return [lo]
-    raw = (hi - lo) / max(count, 1)
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    first = math.ceil(lo / step - 1e-9) * step
-    ticks = []
-    t = first
-    while t <= hi + step * 1e-9:
-        ticks.append(round(t, 12))
-        t += step
-    return ticks
-
-
-def _fmt(v: float) -> str:
-    if v == 0:
-        return "0"
-    a = abs(v)
-    if a >= 1e6:
-        return f"{v / 1e6:g}M"
-    if a >= 1e4:
-        return f"{v / 1e3:g}k"
-    if a >= 1:
-        return f"{v:g}"
-    return f"{v:.3g}"
-
-
-class _Scale:
-    def __init__(self, lo: float, hi: float, a: float, b: float) -> None:
-        if hi <= lo:
-            lo, hi = lo - 0.5, hi + 0.5
-        self.lo, self.hi, self.a, self.b = lo, hi, a, b
-
-    def __call__(self, v: float) -> float:
-        return self.a + (v - self.lo) / (self.hi - self.lo) * (self.b - self.a)
-
-
-def _axes(xs: _Scale, ys: _Scale, xlabel: str, ylabel: str) -> list[str]:
-    out = [
-        f'<rect class="plot" x="{LEFT}" y="{TOP}" width="{W - LEFT - RIGHT}" '
-        f'height="{H - TOP - BOTTOM}" fill="#fff" stroke="#999"/>'
-    ]
-    for t in nice_ticks(xs.lo, xs.hi):
-        x = xs(t)
-        out.append(
-            f'<line x1="{x:.1f}" y1="{TOP}" x2="{x:.1f}" y2="{H - BOTTOM}" stroke="#eee"/>'
-            f'<text x="{x:.1f}" y="{H - BOTTOM + 16}" text-anchor="middle">{e(_fmt(t))}</text>'
-        )
-    for t in nice_ticks(ys.lo, ys.hi):
-        y = ys(t)
-        out.append(
-            f'<line x1="{LEFT}" y1="{y:.1f}" x2="{W - RIGHT}" y2="{y:.1f}" stroke="#eee"/>'
-            f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{e(f"{t:g}")}</text>'
-        )
-    out.append(
-        f'<text x="{(LEFT + W - RIGHT) / 2:.0f}" y="{H - 12}" text-anchor="middle">'
-        f"{e(xlabel)}</text>"
-        f'<text transform="translate(16 {(TOP + H - BOTTOM) / 2:.0f}) rotate(-90)" '
-        f'text-anchor="middle">{e(ylabel)}</text>'
-    )
     return out
 
 
@@ -182,9 +110,9 @@ def line_chart(summaries: Sequence[Mapping[str, Any]], axis: str, xlabel: str) -
     y_lo, y_hi = min(ys_all), max(ys_all)
     pad = (y_hi - y_lo) * 0.06 or 0.5
     # A little room on the right so the last ring is not cut by the frame.
-    xs = _Scale(min(0.0, *xs_all), max(xs_all) * 1.03, LEFT, W - RIGHT)
-    ys = _Scale(y_lo - pad, y_hi + pad, H - BOTTOM, TOP)
-    body = _axes(xs, ys, xlabel, f"validation {', '.join(metrics)}")
+    xs = Scale(min(0.0, *xs_all), max(xs_all) * 1.03, LEFT, W - RIGHT)
+    ys = Scale(y_lo - pad, y_hi + pad, H - BOTTOM, TOP)
+    body = axes(xs, ys, xlabel, f"validation {', '.join(metrics)}")
     for t in thresholds:
         y = ys(t)
         body.append(
@@ -228,11 +156,7 @@ def line_chart(summaries: Sequence[Mapping[str, Any]], axis: str, xlabel: str) -
                 f'y2="{H - BOTTOM}" stroke="{color}" stroke-dasharray="2 2"/>'
                 f"<title>{e(label)}</title></g>"
             )
-    return (
-        f'<svg class="chart" data-axis="{e(axis)}" xmlns="http://www.w3.org/2000/svg" '
-        f'viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" '
-        f'aria-label="validation loss against {e(xlabel)}">' + "".join(body) + "</svg>"
-    )
+    return chart_svg(axis, body, f"validation loss against {xlabel}")
 
 
 def _phase_kinds(summaries: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -253,14 +177,14 @@ def phase_bars(summaries: Sequence[Mapping[str, Any]]) -> str:
     row_h, bar_h = 46, 20
     height = TOP + row_h * len(summaries) + BOTTOM
     longest = max((float(s.get("total_seconds") or 0.0) for s in summaries), default=0.0)
-    xs = _Scale(0.0, longest or 1.0, LEFT, W - RIGHT)
+    xs = Scale(0.0, longest or 1.0, LEFT, W - RIGHT)
     body = []
     for t in nice_ticks(xs.lo, xs.hi):
         x = xs(t)
         body.append(
             f'<line x1="{x:.1f}" y1="{TOP}" x2="{x:.1f}" y2="{height - BOTTOM}" stroke="#eee"/>'
             f'<text x="{x:.1f}" y="{height - BOTTOM + 16}" text-anchor="middle">'
-            f"{e(_fmt(t))}</text>"
+            f"{e(fmt_tick(t))}</text>"
         )
     body.append(
         f'<text x="{(LEFT + W - RIGHT) / 2:.0f}" y="{height - 12}" text-anchor="middle">'
@@ -303,11 +227,7 @@ def phase_bars(summaries: Sequence[Mapping[str, Any]]) -> str:
         f"</span>{e(k)}</span>"
         for k in kinds
     )
-    svg = (
-        f'<svg class="chart" data-axis="phases" xmlns="http://www.w3.org/2000/svg" '
-        f'viewBox="0 0 {W} {height}" width="{W}" height="{height}" role="img" '
-        f'aria-label="phase times per run">' + "".join(body) + "</svg>"
-    )
+    svg = chart_svg("phases", body, "phase times per run", height)
     return (
         f'{svg}<p class="legend">{legend} <span class="key">'
         f'<span class="tick"></span>time to target</span></p>'
@@ -382,21 +302,6 @@ def comparison_html(result: Mapping[str, Any]) -> str:
     return out
 
 
-_CSS = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 24px; color: #222; max-width: 1100px; }
-h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; }
-svg.chart { display: block; max-width: 100%; height: auto; font-size: 11px; }
-svg text { fill: #333; } .barlabel { font-weight: 600; }
-table { border-collapse: collapse; font-size: 12px; }
-td, th { border-bottom: 1px solid #ddd; padding: 3px 6px; text-align: right; vertical-align: top; }
-td:first-child, th:first-child, td:last-child, th:last-child { text-align: left; }
-.swatch { display: inline-block; width: 10px; height: 10px; margin-right: 5px; }
-.tick { display: inline-block; width: 3px; height: 12px; background: #000; margin-right: 5px; }
-.key { margin-right: 12px; white-space: nowrap; }
-.rule, .final { max-width: 900px; } .rule { color: #555; font-size: 12px; }
-"""
-
-
 def render_report(summaries: list[dict]) -> str:
     """The whole report page for ``summaries`` (``Ledger.run_summary`` dicts), as HTML."""
     if not summaries:
@@ -427,13 +332,9 @@ def render_report(summaries: list[dict]) -> str:
         f"{line_chart(summaries, axis, label)}"
         for axis, label in charts
     )
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        '<link rel="icon" href="data:,">'
-        f"<title>ledgerlm report: {len(summaries)} run(s)</title><style>{_CSS}</style>"
-        "</head><body>"
-        f"<h1>ledgerlm report: {len(summaries)} run(s)</h1>"
+    title = f"ledgerlm report: {len(summaries)} run(s)"
+    body = (
+        f"<h1>{e(title)}</h1>"
         "<p>Each evaluation is a point; the dashed black line is the target; a ring marks "
         "the evaluation that first confirmed it (time-to-target ends there). The first run "
         "is the baseline of the comparison.</p>"
@@ -443,5 +344,5 @@ def render_report(summaries: list[dict]) -> str:
         f"{phase_bars(summaries)}"
         "<h2>Comparison</h2>"
         f"{comparison_html(result)}"
-        "</body></html>\n"
     )
+    return page(title, body)

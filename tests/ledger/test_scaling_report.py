@@ -12,12 +12,12 @@ import pytest
 
 from ledgerlm.ledger.scaling_report import render_scaling_report
 from ledgerlm.scaling.allocate import compute_optimal
-from ledgerlm.scaling.fit import ScalingLaw, isoflop_fit, load_epoch_chinchilla
+from ledgerlm.scaling.fit import ScalingLaw, isoflop_fit
 from ledgerlm.scaling.law import LawParams, flops
+from reference_data import reference_points
 from report_helpers import SVG, by_class, console_errors, headless_chromium, svgs
 
 # /work/main/tests/ledger/test_scaling_report.py -> parents[3] = /work, beside the repository.
-REFERENCE_CSV = Path(__file__).resolve().parents[3] / "shared/data/chinchilla_epoch.csv"
 
 TRUE = LawParams(E=1.8, A=450.0, B=2100.0, alpha=0.34, beta=0.37)
 BUDGETS = (1e18, 1e19, 1e20, 1e21)
@@ -59,12 +59,7 @@ def page(fitted) -> str:
 
 @pytest.fixture(scope="module")
 def reference():
-    if not REFERENCE_CSV.exists():
-        pytest.skip(
-            f"reference data absent: {REFERENCE_CSV} (Epoch AI's chinchilla_epoch.csv, "
-            "columns 'Model Size', 'Training FLOP', 'loss')"
-        )
-    points = load_epoch_chinchilla(REFERENCE_CSV, drop_highest_loss=5)
+    points = reference_points()
     law = ScalingLaw().fit(*points)
     iso = isoflop_fit(*points)
     html = render_scaling_report(

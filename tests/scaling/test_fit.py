@@ -4,8 +4,6 @@ Hoffmann et al.'s runs (Besiroglu et al. 2024)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -21,9 +19,9 @@ from ledgerlm.scaling.fit import (
     params_to_theta,
 )
 from ledgerlm.scaling.law import NAMES, LawParams, flops
+from reference_data import REFERENCE_CSV, reference_points
 
 # /work/main/tests/scaling/test_fit.py -> parents[3] = /work, beside the repository.
-REFERENCE_CSV = Path(__file__).resolve().parents[3] / "shared/data/chinchilla_epoch.csv"
 
 # Besiroglu et al.'s re-fit of Approach 3 on their 240 points (5 highest losses dropped).
 REFERENCE = {"E": 1.8172, "A": 477.8, "B": 2143.0, "alpha": 0.3473, "beta": 0.3672}
@@ -41,12 +39,7 @@ def synthetic(noise: float = 0.0, seed: int = 0):
 
 @pytest.fixture(scope="module")
 def reference():
-    if not REFERENCE_CSV.exists():
-        pytest.skip(
-            f"reference data absent: {REFERENCE_CSV} (Epoch AI's chinchilla_epoch.csv, "
-            "columns 'Model Size', 'Training FLOP', 'loss')"
-        )
-    return load_epoch_chinchilla(REFERENCE_CSV, drop_highest_loss=5)
+    return reference_points()
 
 
 @pytest.fixture(scope="module")

@@ -214,3 +214,10 @@ def test_lifecycle_errors():
         lifecycle_optimal(CHIN, requests=0, tokens_per_request=1000, target_loss=2.0, budget=1e23)
     with pytest.raises(ValueError):
         lifecycle_optimal(CHIN, requests=-1, tokens_per_request=1000, budget=1e23)
+
+
+def test_a_degenerate_fit_gives_a_clear_error_not_a_crash():
+    # What a 6-point tiny sweep can produce: the N term underflows along the budget line.
+    degenerate = LawParams(E=5.1, A=7.8e206, B=4.3e7, alpha=44.0, beta=1.87)
+    with pytest.raises(ValueError, match="no lifecycle optimum found"):
+        lifecycle_table(degenerate, [0, 1e6], 1000, budget=1e12)

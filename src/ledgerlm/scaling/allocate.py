@@ -236,6 +236,12 @@ def _bisect_sign(fprime, lo: float, hi: float) -> float:
     return 0.5 * (lo + hi)
 
 
+_NO_BRACKET = (
+    "no lifecycle optimum found: the loss does not vary with N along the budget line "
+    "(a degenerate fit, e.g. a huge alpha; fit more points over a wider range)"
+)
+
+
 def _lifecycle_target(p: LawParams, target: float, c_inf: float, kappa: float) -> float:
     """log N minimising C_total(N) = kappa N D(N) + c_inf N with D(N) reaching ``target``."""
     gap = target - p.E
@@ -264,7 +270,7 @@ def _lifecycle_target(p: LawParams, target: float, c_inf: float, kappa: float) -
             break
         lo, hi = hi, hi + 2.0 * (hi - x_min)
     else:  # pragma: no cover - C_total grows linearly in N for large N
-        raise RuntimeError("could not bracket the lifecycle optimum")
+        raise ValueError(_NO_BRACKET)
     return _bisect_sign(dC, lo, hi)
 
 
@@ -285,15 +291,15 @@ def _lifecycle_budget(p: LawParams, budget: float, c_inf: float, kappa: float) -
         if dL(hi) > 0:
             break
         hi = hi + 1.0 if c_inf == 0 else hi + 0.5 * (x_max - hi)
-    else:  # pragma: no cover
-        raise RuntimeError("could not bracket the lifecycle optimum")
+    else:
+        raise ValueError(_NO_BRACKET)
     lo = hi - 1.0
     for _ in range(_MAX_EXPAND):
         if dL(lo) < 0:
             break
         lo -= 2.0 * (hi - lo)
-    else:  # pragma: no cover
-        raise RuntimeError("could not bracket the lifecycle optimum")
+    else:
+        raise ValueError(_NO_BRACKET)
     return _bisect_sign(dL, lo, hi)
 
 

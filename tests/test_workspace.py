@@ -1,3 +1,6 @@
+import os
+import stat
+
 import pytest
 
 from ledgerlm.workspace import (
@@ -20,6 +23,15 @@ def test_atomic_write_leaves_no_temporary(tmp_path):
     atomic_write_json(target, {"k": 1})
     assert read_json(target) == {"k": 1}
     assert [p.name for p in target.parent.iterdir()] == ["out.json"]
+
+
+def test_atomic_write_gives_the_usual_permissions(tmp_path):
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "report.html", "<p>")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "report.html").stat().st_mode) == 0o644
 
 
 def test_building_publishes_only_when_complete(tmp_path):

@@ -60,14 +60,25 @@ def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same folder, fsync, then rename over ``path``."""
+    """Write to a temporary file in the same folder, fsync, then rename over ``path``.
+
+    The file gets the permissions a plain ``open`` would give it (0666 less the
+    umask), not the owner-only mode of the temporary file.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:

@@ -135,10 +135,25 @@ def _failing(ledger: Ledger, clock: PhaseClock, run_id: str) -> Iterator[None]:
         raise
 
 
+def _val_batches(store: TokenStore, recipe: Recipe) -> list[Batch]:
+    return validation_batches(store, recipe.pack, recipe.eval, recipe.train.micro_batch_rows)
+
+
 def _validation(ledger: Ledger, run_id: str, store: TokenStore, recipe: Recipe):
     with ledger.phase(run_id, "eval", what="build validation set"):
-        val = validation_batches(store, recipe.pack, recipe.eval, recipe.train.micro_batch_rows)
+        val = _val_batches(store, recipe)
         return val, unigram_entropy(val)
+
+
+def _model(recipe: Recipe, store: TokenStore) -> tuple[GPT, Optimizer]:
+    model = GPT(recipe.model, store.vocab_size)
+    return model, build_optimizer(model, recipe.train)
+
+
+def _stream(recipe: Recipe, store: TokenStore, world: World, cursor=None) -> RankShard:
+    """This rank's share of the training stream (from ``cursor`` when resuming)."""
+    t = recipe.train
+    return RankShard(train_batches(store, recipe.pack, t.micro_batch_rows, t.seed, cursor), world)
 
 
 def _train(
@@ -274,20 +289,18 @@ def run_recipe(
             }
             ledger.add_event(run_id, "target_contract", json.dumps(contract))
 
-            model = GPT(recipe.model, store.vocab_size)
+            model, optimizer = _model(recipe, store)
             shift = None
             if init is not None:
                 with ledger.phase(run_id, "restore", what=f"initial weights of {init.run_id}"):
-                    load_checkpoint(init.checkpoint, model)
+                    load_checkpoint(init.checkpoint, model)  # in place: the optimizer keeps it
                 shift = _BeforeAfter(init, workspace, recipe)
                 shift.score(ledger, run_id, "before", model, val, store.domains)
-            optimizer = build_optimizer(model, recipe.train)
-            t = recipe.train
-            stream = RankShard(train_batches(store, recipe.pack, t.micro_batch_rows, t.seed), world)
+            stream = _stream(recipe, store, world)
             evaluator = EvalCallback(val, recipe.eval, recipe.pack.attention, store.domains)
             parts = (model, optimizer, stream, evaluator)
             folder = run_dir / "checkpoint"
-            test = test_batches(store, recipe.pack, recipe.eval, t.micro_batch_rows)
+            test = test_batches(store, recipe.pack, recipe.eval, recipe.train.micro_batch_rows)
             _train(ledger, clock, folder, recipe, parts, progress, None, world, started_at, test)
             continued = None
             if shift is not None:
@@ -478,14 +491,11 @@ def _restore(recipe: Recipe, tokens: BuiltVersion, folder: Path, world: World):
     """Model, optimizer and this rank's data stream as the checkpoint left them."""
     _determinism(recipe.train)
     store = TokenStore(tokens.path)
-    model = GPT(recipe.model, store.vocab_size)
-    optimizer = build_optimizer(model, recipe.train)
+    model, optimizer = _model(recipe, store)
     saved = load_training(folder, model, optimizer)
     if saved.get("recipe_sha256") != recipe.digest():
         raise ValueError(f"{folder.parent / 'recipe.toml'} does not match the checkpoint")
-    t = recipe.train
-    stream = train_batches(store, recipe.pack, t.micro_batch_rows, t.seed, cursor=saved["data"])
-    return model, optimizer, RankShard(stream, world), saved, store
+    return model, optimizer, _stream(recipe, store, world, saved["data"]), saved, store
 
 
 def _follow(recipe: Recipe | None, workspace: Workspace, world: World) -> RunResult:
@@ -512,10 +522,8 @@ def _follow(recipe: Recipe | None, workspace: Workspace, world: World) -> RunRes
         assert recipe is not None
         _determinism(recipe.train)
         store = TokenStore(tokens.path)
-        model = GPT(recipe.model, store.vocab_size)
-        optimizer = build_optimizer(model, recipe.train)
-        t = recipe.train
-        stream = RankShard(train_batches(store, recipe.pack, t.micro_batch_rows, t.seed), world)
+        model, optimizer = _model(recipe, store)
+        stream = _stream(recipe, store, world)
         evaluator = EvalCallback(*_eval_args(store, recipe))
     _same_replicas(model, world)
     trainer = Trainer(
@@ -534,5 +542,4 @@ def _follow(recipe: Recipe | None, workspace: Workspace, world: World) -> RunRes
 
 
 def _eval_args(store: TokenStore, recipe: Recipe) -> tuple[Any, ...]:
-    val = validation_batches(store, recipe.pack, recipe.eval, recipe.train.micro_batch_rows)
-    return val, recipe.eval, recipe.pack.attention, store.domains
+    return _val_batches(store, recipe), recipe.eval, recipe.pack.attention, store.domains

@@ -1,5 +1,5 @@
 # make demo: create .venv, install ledgerlm, run the whole pipeline on the built-in corpus.
-# make test: the same venv plus dev extras, then lint and the test suite.
+# make test: the same venv plus dev extras, then lint (ruff, the import layers) and the test suite.
 PYTHON ?= python3
 VENV ?= .venv
 # The CPU build of PyTorch; override e.g. `make demo TORCH=torch==2.14.1`.
@@ -26,6 +26,7 @@ demo: $(VENV)/.installed
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
+	$(BIN)/lint-imports --no-logo --no-cache
 
 # Headless Chromium + chromedriver for the report's browser test (skipped without them).
 browser:

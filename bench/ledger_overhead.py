@@ -4,12 +4,12 @@ One process trains the demo recipe's model on its real token version (built or r
 in a workspace through the library) in two configurations that make identical updates
 (same seed, data order and thread count; the script checks the losses match):
 
-- **baseline**: a ``Trainer`` with no clock and no ledger callbacks;
-- **ledgered**: the same ``Trainer`` with a ``PhaseClock`` over a real ``Ledger``
-  (an SQLite file in the workspace) and the bookkeeping the runner attaches: the
-  library's ``StepLog(eval.every_steps)`` (one row per update, written in batches,
-  each write also the open phase's heartbeat) and, at every evaluation interval and at
-  the end, the ledger side of an evaluation (``clock.interrupt("eval")``,
+- **baseline**: a ``Trainer`` with the default recorder, which records nothing;
+- **ledgered**: the same ``Trainer`` reporting to the lab's ``LedgerRecorder`` over a
+  real ``Ledger`` (an SQLite file in the workspace), as a run does: one row per update,
+  written in batches of ``eval.every_steps``, each write also the open phase's
+  heartbeat; and, at every evaluation interval and at
+  the end, the ledger side of an evaluation (``recorder.interrupt("eval")``,
   ``add_evaluation`` with a precomputed metrics dict, ``set_counters``). The
   evaluation itself (scoring, hashing the weights) is a real phase of work, not
   overhead, so it is not run; nor is checkpointing (the demo saves only at the end).
@@ -19,7 +19,7 @@ baseline, ledgered, ... in the main thread, each a full ``Trainer.fit`` as the r
 calls it. Two figures come out:
 
 - **bookkeeping / step** (the headline, far less noisy): time spent inside the ledger's
-  calls, and inside all bookkeeping (callbacks and clock, ledger calls included),
+  calls, and inside all bookkeeping (recorder and callbacks, ledger calls included),
   measured with ``perf_counter`` around each call, per update, divided by the baseline's
   median step time (a step: from the end of one update's callbacks to the end of the
   next's, so train_step plus every callback);
@@ -51,12 +51,11 @@ import torch
 
 from ledgerlm.config import Recipe, load_recipe
 from ledgerlm.data.pipeline import prepare_data
-from ledgerlm.ledger.clock import PhaseClock
+from ledgerlm.lab.recorder import LedgerRecorder
 from ledgerlm.ledger.store import Ledger
 from ledgerlm.model.gpt import GPT
 from ledgerlm.tokens.loader import train_batches
 from ledgerlm.tokens.shards import TokenStore, build_tokens
-from ledgerlm.train.callbacks import StepLog
 from ledgerlm.train.evaluate import weights_digest
 from ledgerlm.train.loop import Trainer
 from ledgerlm.train.optim import build_optimizer
@@ -144,11 +143,14 @@ def instrument_ledger(ledger: Ledger, meter: Meter) -> None:
             setattr(ledger, name, meter.wrap(f"ledger.{name}", fn))
 
 
-def instrument_clock(clock: PhaseClock, meter: Meter) -> None:
-    # interrupt() calls self.start/self.stop, which resolve to these wrappers; the
-    # meter's depth keeps the nesting out of the outer total.
+def instrument_recorder(recorder: LedgerRecorder, meter: Meter) -> None:
+    # The clock's interrupt() calls self.start/self.stop, which resolve to these
+    # wrappers; the meter's depth keeps the nesting out of the outer total.
+    clock = recorder.clock
     for name in ("start", "stop"):
         setattr(clock, name, meter.wrap(f"clock.{name}", getattr(clock, name)))
+    for name in ("on_train_start", "on_step_end", "on_train_end"):
+        setattr(recorder, name, meter.wrap(f"steps.{name}", getattr(recorder, name)))
 
 
 class Timed:
@@ -193,12 +195,11 @@ class EvalBookkeeping:
             self.record(trainer)
 
     def record(self, trainer: Trainer) -> None:
-        s, clock = trainer.state, trainer.clock
-        assert clock is not None
-        with clock.interrupt("eval", s.step) as phase:
+        s, recorder = trainer.state, trainer.recorder
+        with recorder.interrupt("eval", s.step) as phase:
             phase_id = phase.id  # evaluate() and weights_digest() would run here
-        clock.ledger.add_evaluation(
-            clock.run_id,
+        recorder.ledger.add_evaluation(
+            recorder.run_id,
             phase_id=phase_id,
             step=s.step,
             tokens=s.tokens,
@@ -207,7 +208,7 @@ class EvalBookkeeping:
             metrics=self.metrics,
             snapshot=self.snapshot,
         )
-        clock.ledger.set_counters(clock.run_id, s.counters())
+        recorder.ledger.set_counters(recorder.run_id, s.counters())
         self.last = s.step
 
 
@@ -261,7 +262,7 @@ def fit(
     optimizer = build_optimizer(model, cfg)
     stream = train_batches(store, recipe.pack, cfg.micro_batch_rows, cfg.seed)
     timer, meter = StepTimer(), Meter()
-    clock, callbacks = None, []
+    recorder, callbacks = None, []
     if ledger is not None:
         run_id = ledger.create_run(  # outside the timing, as in the runner
             recipe.name,
@@ -271,11 +272,11 @@ def fit(
             eval_every=recipe.eval.every_steps,
         )
         instrument_ledger(ledger, meter)
-        clock = PhaseClock(ledger, run_id)
-        instrument_clock(clock, meter)
         every = recipe.eval.every_steps
+        recorder = LedgerRecorder(ledger, run_id, flush_every=every)
+        instrument_recorder(recorder, meter)
         book = EvalBookkeeping(every, bench["metrics"], bench["snapshot"])
-        callbacks = [Timed(StepLog(every), meter, "StepLog"), Timed(book, meter, "eval")]
+        callbacks = [Timed(book, meter, "eval")]
     trainer = Trainer(
         model,
         optimizer,
@@ -283,7 +284,7 @@ def fit(
         stream,
         recipe.pack.attention,
         callbacks=[*callbacks, timer],
-        clock=clock,
+        recorder=recorder,
     )
     torch.set_num_threads(bench["threads"])
     start = time.perf_counter()

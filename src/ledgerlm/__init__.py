@@ -27,8 +27,8 @@ _EXPORTS = {
     "Ledger": "ledgerlm.ledger",
     "TimeToTarget": "ledgerlm.ledger",
     "time_to_target": "ledgerlm.ledger",
-    "RunResult": "ledgerlm.runner",
-    "run_recipe": "ledgerlm.runner",
+    "RunResult": "ledgerlm.lab.run",
+    "run_recipe": "ledgerlm.lab.run",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from ledgerlm.ledger.store import Ledger
+
 from .conftest import ROOT, TINY, ledgerlm
 
 
@@ -19,11 +21,37 @@ def test_run_prints_the_summary_and_reaches_the_target(tiny_workspace):
     assert "unigram entropy" in out
 
 
+def test_phases_cover_the_wall_time_of_the_run(tiny_workspace):
+    """From the run's creation to the end of its last phase, every second is in a phase
+    (setup included), so time-to-target is the wall time until the confirmation."""
+    s = _show(tiny_workspace)
+    c = s["coverage"]
+    assert c["wall_seconds"] > 1.0
+    assert c["uncovered_seconds"] < min(0.2, 0.01 * c["wall_seconds"])
+    assert c["interrupted_seconds"] == 0
+    assert s["total_seconds"] == pytest.approx(c["wall_seconds"], abs=0.2)
+    setup = [p for p in s["phases"] if p["kind"] == "setup"]
+    assert setup and setup[0]["started_at"] - s["run"]["created_at"] < 0.05
+    assert s["time_to_target"]["seconds"] >= sum(p["seconds"] for p in setup)
+
+
+def test_ledger_show_names_time_between_phases(tmp_path):
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        run = ledger.create_run("gap", {}, target_metric="loss", target_value=1.0, eval_every=1)
+        with ledger.phase(run, "prep"):
+            pass
+        ledger._conn.execute("UPDATE runs SET created_at = created_at - 0.5 WHERE id = ?", (run,))
+    out = ledgerlm("ledger", "show", run, "-w", str(tmp_path)).stdout
+    assert "uncovered: 0.50 s" in out
+    shown = ledgerlm("ledger", "show", run, "-w", str(tmp_path), "--json").stdout
+    assert json.loads(shown)["coverage"]["uncovered_seconds"] == pytest.approx(0.5, abs=0.01)
+
+
 def test_ledger_show_json_reports_everything_from_the_database(tiny_workspace):
     s = _show(tiny_workspace)
     assert s["run"]["status"] == "reached"
     kinds = {p["kind"] for p in s["phases"]}
-    assert kinds == {"prep", "tokenize", "train", "eval", "checkpoint"}
+    assert kinds == {"setup", "prep", "tokenize", "train", "eval", "checkpoint"}
     assert all(p["seconds"] is not None and p["seconds"] >= 0 for p in s["phases"])
     c = s["counters"]
     assert c["optimizer_updates"] >= 1

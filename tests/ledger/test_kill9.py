@@ -16,9 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from ledgerlm.lab.recorder import LedgerRecorder
 from ledgerlm.ledger import Ledger, time_to_target
-from ledgerlm.ledger.clock import PhaseClock
-from ledgerlm.train.callbacks import StepLog
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.toml"
@@ -31,7 +30,7 @@ OVERRIDES = [
 ]
 
 
-# -- the heartbeat StepLog writes ------------------------------------------------------
+# -- the heartbeat the ledger recorder writes ------------------------------------------
 
 
 class _Trainer(SimpleNamespace):
@@ -43,7 +42,8 @@ class _Trainer(SimpleNamespace):
 def _trainer(ledger: Ledger) -> _Trainer:
     run = ledger.create_run("beat", {}, target_metric="loss", target_value=1.0, eval_every=10)
     state = SimpleNamespace(step=0, tokens=0, targets=0, loss=0.0, grad_norm=0.0, lr=0.0)
-    return _Trainer(state=state, clock=PhaseClock(ledger, run))
+    recorder = LedgerRecorder(ledger, run, flush_every=10, flush_seconds=3600)
+    return _Trainer(state=state, recorder=recorder)
 
 
 def _open(ledger: Ledger, run_id: str) -> list[dict]:
@@ -53,9 +53,9 @@ def _open(ledger: Ledger, run_id: str) -> list[dict]:
 def test_step_log_beats_each_new_segment_and_then_by_count(tmp_path: Path) -> None:
     with Ledger(tmp_path / "l.db") as ledger:
         trainer = _trainer(ledger)
-        run = trainer.clock.run_id
-        log = StepLog(flush_every=10, flush_seconds=3600)
-        segment = trainer.clock.start("train", 0)
+        log = trainer.recorder
+        run = log.run_id
+        segment = log.start("train", 0)
         log.on_train_start(trainer)
         trainer.update(1)
         log.on_step_end(trainer)  # the first update of a new phase beats at once
@@ -74,7 +74,7 @@ def test_step_log_beats_each_new_segment_and_then_by_count(tmp_path: Path) -> No
         assert row["step_end"] == 11 and row["beat_at"] >= first
         assert len(ledger.steps(run)) == 11
 
-        with trainer.clock.interrupt("eval", 11):  # an evaluation cuts the segment
+        with log.interrupt("eval", 11):  # an evaluation cuts the segment
             pass
         trainer.update(12)
         log.on_step_end(trainer)
@@ -93,18 +93,9 @@ def test_step_log_beats_each_new_segment_and_then_by_count(tmp_path: Path) -> No
         assert _open(ledger, run)[0]["step_end"] == 13  # buffered
         log.on_train_end(trainer)  # the last rows, and a last beat
         assert _open(ledger, run)[0]["step_end"] == 14
-        trainer.clock.stop(14)
+        log.stop(14)
         assert _open(ledger, run) == []
         assert [s["step"] for s in ledger.steps(run)] == list(range(1, 15))
-
-
-def test_step_log_without_a_clock_writes_nothing() -> None:
-    trainer = _Trainer(state=SimpleNamespace(step=0, tokens=0, targets=0), clock=None)
-    log = StepLog(flush_every=1, flush_seconds=0.0)
-    log.on_train_start(trainer)
-    trainer.update(1)
-    log.on_step_end(trainer)
-    assert log.rows == []
 
 
 # -- the real thing -------------------------------------------------------------------

@@ -149,7 +149,7 @@ def test_the_mask_tensor_path_is_unchanged():
     b = _packed(40, 3)
     model = _model()
     with torch.no_grad():
-        old = model(b.input_ids, b.position_ids, b.attention_mask("isolated"))
+        old = model(b.input_ids, b.position_ids, attention_mask(b.doc_ids, "isolated"))
         new = model(b.input_ids, b.position_ids, model.attention_spec(b.doc_ids, "isolated"))
     assert torch.equal(old, new)
 

@@ -40,7 +40,9 @@ def test_isolated_packed_row_equals_each_document_alone():
     row = next(pack_documents([(d, 0) for d in docs], 16, 1, 2, 0))
     packed = make_batch(row[0][None], row[1][None], row[3][None])
     with torch.no_grad():
-        out = model(packed.input_ids, packed.position_ids, packed.attention_mask("isolated"))
+        out = model(
+            packed.input_ids, packed.position_ids, attention_mask(packed.doc_ids, "isolated")
+        )
         start = 0
         for d in docs:
             alone = torch.tensor([[1, *d.tolist(), 2]])
@@ -60,8 +62,8 @@ def test_cross_attention_reads_across_documents():
     row = next(pack_documents([(d, 0) for d in docs], 10, 1, 2, 0))
     b = make_batch(row[0][None], row[1][None], row[3][None], reset_positions=False)
     with torch.no_grad():
-        iso = model(b.input_ids, b.position_ids, b.attention_mask("isolated"))
-        cross = model(b.input_ids, b.position_ids, b.attention_mask("cross"))
+        iso = model(b.input_ids, b.position_ids, attention_mask(b.doc_ids, "isolated"))
+        cross = model(b.input_ids, b.position_ids, attention_mask(b.doc_ids, "cross"))
     torch.testing.assert_close(iso[0, :5], cross[0, :5])  # first document: same context
     assert not torch.allclose(iso[0, 5:], cross[0, 5:])  # second: cross sees the first
 

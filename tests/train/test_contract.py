@@ -11,7 +11,7 @@ import torch
 from pydantic import ValidationError
 
 from ledgerlm.config import EvalConfig, ModelConfig, TrainConfig
-from ledgerlm.ledger.clock import PhaseClock
+from ledgerlm.lab.recorder import LedgerRecorder
 from ledgerlm.ledger.store import Ledger
 from ledgerlm.model.gpt import GPT
 from ledgerlm.tokens.packing import batches, pack_documents
@@ -45,7 +45,7 @@ def _trainer(tmp_path=None, steps=30, train_extra=None, **eval_cfg):
     val = list(batches(_rows(1, 8), 4))
     ecfg = EvalConfig(**{"every_steps": 5, "target_loss": 0.1, **eval_cfg})
     evaluator = EvalCallback(val, ecfg, "isolated", DOMAINS)
-    clock = None
+    recorder = None
     if tmp_path is not None:
         ledger = Ledger(tmp_path / "ledger.db")
         run = ledger.create_run(
@@ -56,7 +56,7 @@ def _trainer(tmp_path=None, steps=30, train_extra=None, **eval_cfg):
             eval_every=ecfg.every_steps,
             meta={"contract": ecfg.contract()},
         )
-        clock = PhaseClock(ledger, run)
+        recorder = LedgerRecorder(ledger, run)
     stream = itertools.cycle(list(batches(_rows(0, 64), 4)))
     callbacks = [evaluator, BudgetCallback(ecfg, started_at=time.time())]
     trainer = Trainer(
@@ -66,7 +66,7 @@ def _trainer(tmp_path=None, steps=30, train_extra=None, **eval_cfg):
         stream,
         "isolated",
         callbacks=callbacks,
-        clock=clock,
+        recorder=recorder,
     )
     return trainer, evaluator
 
@@ -137,8 +137,8 @@ def test_asynchronous_evaluation_scores_the_same_snapshots(tmp_path):
     for e in evaluator.history:
         assert e["snapshot"] == by_step[e["step"]]["snapshot"]
         assert e["metrics"] == pytest.approx(by_step[e["step"]]["metrics"], rel=1e-9)
-    ledger = trainer.clock.ledger
-    summary = ledger.run_summary(trainer.clock.run_id)
+    ledger = trainer.recorder.ledger
+    summary = ledger.run_summary(trainer.recorder.run_id)
     evals = {p["id"]: p for p in summary["phases"] if p["kind"] == "eval"}
     for e in summary["evaluations"]:
         phase = evals[e["phase_id"]]

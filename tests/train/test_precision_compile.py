@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from ledgerlm.config import EvalConfig, ModelConfig, TrainConfig, load_recipe
+from ledgerlm.lab.run import run_recipe
 from ledgerlm.model.gpt import GPT
-from ledgerlm.runner import run_recipe
 from ledgerlm.tokens.packing import batches, pack_documents
 from ledgerlm.train.evaluate import EvalCallback, evaluate, weights_digest
 from ledgerlm.train.loop import Trainer

@@ -19,9 +19,9 @@ import torch
 from safetensors.torch import load_file
 
 from ledgerlm.config import ModelConfig, PackConfig, TrainConfig
+from ledgerlm.lab.resume import resume_run
 from ledgerlm.ledger.store import Ledger, LedgerError
 from ledgerlm.model.gpt import GPT
-from ledgerlm.runner import resume_run
 from ledgerlm.tokens.loader import train_batches
 from ledgerlm.train.checkpoint import (
     STATE,
@@ -249,6 +249,11 @@ def test_kill_9_and_resume_gives_the_uninterrupted_weights(tmp_path):
     assert len(closed) == killed["open_phases"]
     assert all(p["seconds"] >= 0 and p["detail"]["killed"] for p in closed)
     assert any(e["kind"] == "closed_open_phases" for e in s["events"])
+    # Every second of both processes is in a phase; the time from the kill to the
+    # resume's restore is interrupted (not charged), not uncovered.
+    cov = s["coverage"]
+    assert cov["uncovered_seconds"] < min(0.2, 0.01 * cov["wall_seconds"])
+    assert cov["interrupted_seconds"] > 0 and restores[0]["detail"]["resume"] is True
     with Ledger(full_ws / "ledger.db") as ledger:
         (full_id,) = [r["id"] for r in ledger.list_runs()]
         full = ledger.run_summary(full_id)

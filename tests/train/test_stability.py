@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ledgerlm.config import ModelConfig, TrainConfig
-from ledgerlm.ledger.clock import PhaseClock
+from ledgerlm.lab.recorder import LedgerRecorder
 from ledgerlm.ledger.store import Ledger
 from ledgerlm.model.gpt import GPT
 from ledgerlm.tokens.packing import batches, pack_documents
@@ -50,14 +50,14 @@ class _StepCounter:
         pass
 
 
-def _trainer(policy: str, data, poison_at: int | None = 3, clock=None, **train) -> Trainer:
+def _trainer(policy: str, data, poison_at: int | None = 3, recorder=None, **train) -> Trainer:
     torch.manual_seed(0)
     model = GPT(ModelConfig(d_model=16, n_layers=1, n_heads=2), 40)
     if poison_at:
         model.register_forward_hook(_Poison(poison_at))
     cfg = TrainConfig(nonfinite=policy, max_steps=5, micro_batch_rows=4, **train)
     return Trainer(
-        model, build_optimizer(model, cfg), cfg, iter(data), "isolated", [_StepCounter()], clock
+        model, build_optimizer(model, cfg), cfg, iter(data), "isolated", [_StepCounter()], recorder
     )
 
 
@@ -104,7 +104,7 @@ def test_non_finite_event_reaches_the_ledger_with_its_data(tmp_path):
     ledger = Ledger(tmp_path / "ledger.sqlite")
     run_id = ledger.create_run("t", {}, target_metric="loss", target_value=1.0, eval_every=1)
     data = _batches()
-    trainer = _trainer("skip", data, clock=PhaseClock(ledger, run_id))
+    trainer = _trainer("skip", data, recorder=LedgerRecorder(ledger, run_id))
     assert trainer.fit().step == 5
     assert trainer.callbacks[0].steps == [1, 2, 3, 4, 5]  # none for the skipped attempt
     events = [e for e in ledger.run_summary(run_id)["events"] if e["kind"] == "nonfinite"]
@@ -123,7 +123,7 @@ def test_non_finite_event_reaches_the_ledger_with_its_data(tmp_path):
 def test_stop_records_the_event_before_raising(tmp_path):
     ledger = Ledger(tmp_path / "ledger.sqlite")
     run_id = ledger.create_run("t", {}, target_metric="loss", target_value=1.0, eval_every=1)
-    trainer = _trainer("stop", _batches(), poison_at=1, clock=PhaseClock(ledger, run_id))
+    trainer = _trainer("stop", _batches(), poison_at=1, recorder=LedgerRecorder(ledger, run_id))
     with pytest.raises(NonFiniteLossError, match="step 1"):
         trainer.fit()
     kinds = [e["kind"] for e in ledger.run_summary(run_id)["events"]]

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from ledgerlm.cli.ui import DEFAULT_WS, WorkspaceOpt, console, friendly_errors
-from ledgerlm.model.export import export_run
+from ledgerlm.lab.export import export_run
 from ledgerlm.workspace import Workspace
 
 app = typer.Typer(help="Export a run's trained model to other formats.", no_args_is_help=True)

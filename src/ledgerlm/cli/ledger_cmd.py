@@ -13,6 +13,7 @@ from ledgerlm.cli.render import (
     continued_rows,
     continued_table,
     counters_table,
+    coverage_lines,
     evaluations_table,
     phase_table,
     target_contract_line,
@@ -74,6 +75,8 @@ def show(
     console.print(counters_table(summary))
     console.print(evaluations_table(summary))
     console.print(phase_table(summary))
+    for line in coverage_lines(summary):
+        console.print(line, highlight=False)
     if found := continued_rows(summary):
         console.print(continued_table(*found))
     console.print(target_contract_line(summary))
@@ -187,7 +190,7 @@ def export_mllog_cmd(
     """Write one run as MLPerf MLLOG lines, timed from the ledger (needs mlperf-logging)."""
     from pathlib import Path
 
-    from ledgerlm.ledger.mllog import RULES, check_mllog, export_mllog
+    from ledgerlm.report.mllog import RULES, check_mllog, export_mllog
 
     with _open(workspace) as ledger:
         summary = ledger.run_summary(ledger.resolve_run(run))

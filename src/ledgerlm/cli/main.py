@@ -22,7 +22,8 @@ from ledgerlm.cli.render import (
 )
 from ledgerlm.cli.ui import DEFAULT_WS, RichProgress, SetOpt, WorkspaceOpt, console, friendly_errors
 from ledgerlm.config import load_recipe
-from ledgerlm.runner import RunResult, resume_run, run_recipe
+from ledgerlm.lab.resume import resume_run
+from ledgerlm.lab.run import RunResult, run_recipe
 from ledgerlm.train.distributed import distributed_world
 from ledgerlm.workspace import Workspace
 

@@ -10,7 +10,8 @@ from rich.table import Table
 from ledgerlm.cli.ui import fmt_seconds
 from ledgerlm.ledger.target import TimeToTarget
 
-PHASE_ORDER = ("prep", "tokenize", "train", "eval", "checkpoint")
+PHASE_ORDER = ("setup", "prep", "tokenize", "train", "eval", "checkpoint", "restore")
+UNCOVERED_SHOWN = 0.05  # seconds between phases worth a line in `ledger show`
 
 
 def _ttt(summary: dict[str, Any]) -> TimeToTarget:
@@ -85,6 +86,23 @@ def phase_table(summary: dict[str, Any]) -> Table:
         t.add_row(kind, fmt_seconds(totals[kind]), fmt_seconds(to_target))
     t.add_row("[bold]all[/]", fmt_seconds(summary["total_seconds"]), fmt_seconds(ttt.seconds))
     return t
+
+
+def coverage_lines(summary: dict[str, Any]) -> list[str]:
+    """Wall time the phases do not hold, when there is any worth naming."""
+    c = summary.get("coverage") or {}
+    lines = []
+    if c.get("uncovered_seconds", 0.0) >= UNCOVERED_SHOWN:
+        lines.append(
+            f"uncovered: {c['uncovered_seconds']:.2f} s of the run's "
+            f"{fmt_seconds(c['wall_seconds'])} lie between phases (in no total)"
+        )
+    if c.get("interrupted_seconds", 0.0) >= UNCOVERED_SHOWN:
+        lines.append(
+            f"interrupted: {c['interrupted_seconds']:.2f} s between a stopped process "
+            "and its resume (not charged)"
+        )
+    return lines
 
 
 def counters_table(summary: dict[str, Any]) -> Table:

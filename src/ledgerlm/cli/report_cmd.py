@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from ledgerlm.cli.ui import DEFAULT_WS, WorkspaceOpt, console, friendly_errors
-from ledgerlm.ledger.report import render_report
 from ledgerlm.ledger.store import Ledger
+from ledgerlm.report.run_report import render_report
 from ledgerlm.workspace import Workspace
 
 

@@ -22,7 +22,6 @@ from ledgerlm.cli.ui import (
     friendly_errors,
 )
 from ledgerlm.config import load_recipe
-from ledgerlm.workspace import atomic_write_text
 
 app = typer.Typer(
     help="Scaling sweeps: plan and run a grid of model sizes N x token budgets D on one "
@@ -30,8 +29,6 @@ app = typer.Typer(
     "compute budget (C = 6 N D), with bootstrap intervals.",
     no_args_is_help=True,
 )
-
-MIN_POINTS = 5  # five parameters: E, A, B, alpha, beta
 
 RecipeArg = Annotated[Path, typer.Argument(help="Base recipe TOML file.")]
 SizesOpt = Annotated[
@@ -234,8 +231,9 @@ def run_cmd(
     whole curve in the ledger, is named <sweep id>-<point> and carries a `sweep` event with
     the point, its overrides and the tuning rule. Prints the sweep id for `scale fit`.
     """
+    from ledgerlm.lab.sweep import run_sweep, sweep_points
     from ledgerlm.ledger.store import Ledger
-    from ledgerlm.scaling.sweep import new_sweep_id, run_sweep, sweep_points
+    from ledgerlm.scaling.sweep import new_sweep_id
     from ledgerlm.workspace import Workspace
 
     base, points = _plan(recipe, set_, sizes, tokens, flops, lr_rule)
@@ -282,133 +280,15 @@ def _points_table(found, title: str) -> Table:
 # -- fit and recommend ----------------------------------------------------------------
 
 
-def _load(sweep, runs, csv, workspace) -> dict[str, Any]:
-    """(N, D, loss) from exactly one source, with a description of where it came from."""
-    import numpy as np
+def _load(sweep, runs, csv, workspace):
+    """(N, D, loss) from exactly one source (``lab.scaling.load_points``)."""
+    from ledgerlm.lab.scaling import load_points
 
-    given = [name for name, v in (("--sweep", sweep), ("--runs", runs), ("--csv", csv)) if v]
-    if len(given) != 1:
+    if sum(1 for v in (sweep, runs, csv) if v) != 1:
         raise ValueError(
             "give exactly one source of points: --sweep ID, --runs R1,R2,... or --csv FILE"
         )
-    if csv is not None:
-        from ledgerlm.scaling.fit import load_points_csv
-
-        if not csv.is_file():
-            raise FileNotFoundError(f"{csv}: no such file")
-        N, D, loss = load_points_csv(csv)
-        return {
-            "source": {"csv": str(csv)},
-            "N": N,
-            "D": D,
-            "loss": loss,
-            "runs": [],
-            "skipped": [],
-        }
-
-    from ledgerlm.ledger.store import Ledger
-    from ledgerlm.scaling.sweep import sweep_points
-    from ledgerlm.workspace import Workspace
-
-    ws = Workspace(workspace)
-    if not ws.ledger_path.is_file():
-        raise FileNotFoundError(f"{ws.ledger_path}: no ledger here (run a sweep first)")
-    with Ledger(ws.ledger_path) as ledger:
-        if sweep:
-            found = sweep_points(ledger, sweep, ws)
-            source: dict[str, Any] = {"sweep": found.sweep_id}
-        else:
-            refs = [r.strip() for r in runs.split(",") if r.strip()]
-            found = sweep_points(ledger, refs, ws)
-            source = {"runs": refs}
-    N, D, loss = (np.asarray(x, dtype=np.float64) for x in found)
-    return {
-        "source": source,
-        "N": N,
-        "D": D,
-        "loss": loss,
-        "runs": found.rows(),
-        "skipped": [list(s) for s in found.skipped],
-    }
-
-
-def _describe(source: dict[str, Any]) -> str:
-    if "sweep" in source:
-        return f"sweep {source['sweep']}"
-    if "csv" in source:
-        return source["csv"]
-    return f"runs {', '.join(source['runs'])}"
-
-
-def _fit(points: dict[str, Any], n_boot: int, seed: int):
-    """The fitted law and its bootstrap (None when n_boot is 0); clear errors otherwise."""
-    from ledgerlm.scaling.fit import ScalingLaw
-
-    N, D, loss = points["N"], points["D"], points["loss"]
-    distinct = len(set(zip(N.tolist(), D.tolist(), strict=True)))
-    where = _describe(points["source"])
-    skipped = f" ({len(points['skipped'])} runs without a final loss left out)"
-    if distinct < MIN_POINTS:
-        raise ValueError(
-            f"{where}: the fit of E, A, B, alpha, beta needs at least {MIN_POINTS} points with "
-            f"distinct (N, D), got {distinct}{skipped if points['skipped'] else ''}"
-        )
-    try:
-        law = ScalingLaw().fit(N, D, loss)
-        boot = law.bootstrap(n=n_boot, seed=seed) if n_boot else None
-    except (RuntimeError, FloatingPointError, ValueError) as exc:
-        raise ValueError(f"{where}: the fit failed: {exc}") from None
-    values = law.params_.as_array()
-    if not all(math.isfinite(v) for v in values):
-        raise ValueError(f"{where}: the fit failed (non-finite parameters)")
-    return law, boot
-
-
-def _write_report(path: Path, points: dict[str, Any], law, boot) -> None:
-    """The fit as an HTML page, written atomically; isoFLOP curves when budgets repeat."""
-    from ledgerlm.ledger.scaling_report import render_scaling_report
-    from ledgerlm.scaling.fit import isoflop_fit
-
-    N, D, loss = points["N"], points["D"], points["loss"]
-    try:
-        iso = isoflop_fit(N, D, loss)
-    except ValueError:  # no budget with enough points: the page says so
-        iso = None
-    title = f"ledgerlm scaling fit: {_describe(points['source'])}"
-    page = render_scaling_report(N, D, loss, law, boot=boot, isoflop=iso, title=title)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, page)
-
-
-def _fit_dict(points: dict[str, Any], law, boot, level: float = 0.95) -> dict[str, Any]:
-    import numpy as np
-
-    intervals = boot.intervals(level) if boot is not None else {}
-    r = np.asarray(law.residuals_, dtype=np.float64)
-    distinct = len(set(zip(points["N"].tolist(), points["D"].tolist(), strict=True)))
-    warnings = []
-    if distinct < 2 * MIN_POINTS:
-        warnings.append(
-            f"{distinct} distinct points for 5 parameters: the fit is barely determined, "
-            "read its parameters and intervals with care"
-        )
-    return {
-        "source": points["source"],
-        "n_points": len(points["N"]),
-        "n_distinct": distinct,
-        "warnings": warnings,
-        "law": "L(N, D) = E + A N^-alpha + B D^-beta (Huber on log loss)",
-        "params": law.params_.to_dict(),
-        "level": level,
-        "bootstrap": 0 if boot is None else len(boot.samples),
-        "intervals": {k: list(v) for k, v in intervals.items()},
-        "residual_rms_log": float(np.sqrt(np.mean(r * r))),
-        "residual_max_abs_log": float(np.max(np.abs(r))),
-        "residuals_log": r.tolist(),
-        "range": {k: list(v) for k, v in law.range_.items()},
-        "runs": points["runs"],
-        "skipped": points["skipped"],
-    }
+    return load_points(sweep, runs, csv, workspace=workspace)
 
 
 def _params_table(result: dict[str, Any]) -> Table:
@@ -458,11 +338,13 @@ def fit_cmd(
     extrapolations. Points from the ledger: N as the sweep plan counts it, D the tokens the
     run consumed, loss its final validation loss. Needs at least 5 distinct (N, D) points.
     """
+    from ledgerlm.lab.scaling import fit_points, fit_summary, write_fit_report
+
     points = _load(sweep, runs, csv, workspace)
-    law, boot = _fit(points, bootstrap, seed)
-    result = _fit_dict(points, law, boot)
+    law, boot = fit_points(points, bootstrap, seed)
+    result = fit_summary(points, law, boot)
     if report is not None:
-        _write_report(report, points, law, boot)
+        write_fit_report(report, points, law, boot)
         result["report"] = str(report)
     if as_json:
         console.print_json(json.dumps(result))
@@ -471,14 +353,14 @@ def fit_cmd(
     console.print(
         f"residual RMS {result['residual_rms_log']:.4f} (log loss), max "
         f"{result['residual_max_abs_log']:.4f}; {result['n_points']} points from "
-        f"{escape(_describe(points['source']))}",
+        f"{escape(points.describe())}",
         highlight=False,
     )
     console.print(_range_line(result["range"]), highlight=False)
     for warning in result["warnings"]:
         console.print(f"[yellow]note: {escape(warning)}[/]", highlight=False, soft_wrap=True)
-    if points["skipped"]:
-        shown = ", ".join(f"{r} ({why})" for r, why in points["skipped"][:5])
+    if points.skipped:
+        shown = ", ".join(f"{r} ({why})" for r, why in points.skipped[:5])
         console.print(f"left out: {escape(shown)}", highlight=False, soft_wrap=True)
 
 
@@ -526,12 +408,7 @@ def recommend_cmd(
     tokens per request held at the budget, one row per R; the more requests, the smaller
     the model and the more tokens it is trained on.
     """
-    from ledgerlm.scaling.allocate import (
-        allocation_with_interval,
-        compute_optimal,
-        extrapolation_warning,
-        lifecycle_table,
-    )
+    from ledgerlm.lab.scaling import fit_points, recommend
 
     if not (math.isfinite(budget) and budget > 0):
         raise ValueError(f"--budget: {budget!r} is not a positive number of FLOPs")
@@ -539,36 +416,12 @@ def recommend_cmd(
     if not (math.isfinite(tokens_per_request) and tokens_per_request > 0):
         raise ValueError("--tokens-per-request must be a positive number")
     points = _load(sweep, runs, csv, workspace)
-    law, boot = _fit(points, bootstrap, seed)
-    fitted = _fit_dict(points, law, boot)
-    n_opt, d_opt = (float(x) for x in compute_optimal(law.params_, budget))
-    loss = float(law.params_.predict(n_opt, d_opt))
-    result: dict[str, Any] = {
-        "budget": budget,
-        "N_opt": {"point": n_opt},
-        "D_opt": {"point": d_opt},
-        "tokens_per_param": {"point": d_opt / n_opt},
-        "loss": {"point": loss},
-    }
-    if boot is not None:
-        alloc = allocation_with_interval(boot.samples, budget, params=law.params_)
-        for key in ("N_opt", "D_opt", "tokens_per_param", "loss"):
-            result[key] = {k: float(v) for k, v in alloc[key].items()}
-        result["level"] = alloc["level"]
-        result["n_valid_samples"] = alloc["n_valid"]
-    warning = extrapolation_warning(law.range_, C=budget, N=n_opt, D=d_opt)
-    result["extrapolation"] = warning
-    rows = None
-    if requests_list is not None:
-        rows = lifecycle_table(law.params_, requests_list, tokens_per_request, budget=budget)
-        result["lifecycle"] = {"tokens_per_request": tokens_per_request, "rows": rows}
-    keys = ("params", "intervals", "residual_rms_log", "range", "n_distinct", "warnings")
-    result["fit"] = {k: fitted[k] for k in keys}
-    result["source"] = points["source"]
+    law, boot = fit_points(points, bootstrap, seed)
+    result = recommend(points, law, boot, budget, requests_list, tokens_per_request)
     if as_json:
         console.print_json(json.dumps(result))
         return
-    _print_recommendation(result, rows, points)
+    _print_recommendation(result, points)
 
 
 def _interval_text(entry: dict[str, float], fmt: str) -> str:
@@ -578,10 +431,11 @@ def _interval_text(entry: dict[str, float], fmt: str) -> str:
     return text
 
 
-def _print_recommendation(result, rows, points) -> None:
+def _print_recommendation(result, points) -> None:
+    rows = result["lifecycle"]["rows"] if "lifecycle" in result else None
     console.print(
         f"compute budget C = {result['budget']:.3g} FLOPs (C = 6 N D), law fitted on "
-        f"{escape(_describe(points['source']))}",
+        f"{escape(points.describe())}",
         highlight=False,
     )
     t = Table(title="compute-optimal allocation", show_edge=False)

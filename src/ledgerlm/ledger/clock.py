@@ -34,7 +34,8 @@ class PhaseClock:
     def stop(self, step: int | None = None) -> None:
         if self._cm is None or self._open is None:
             return
-        self._open.step_end = step
+        if step is not None:  # else keep what the holder of the phase set
+            self._open.step_end = step
         cm, self._cm, self._open = self._cm, None, None
         cm.__exit__(None, None, None)
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ledgerlm.ledger.coverage import phase_coverage
 from ledgerlm.ledger.target import time_to_target
 
 # 1: the first schema. 2: phases.beat_at (heartbeat of an open phase).
@@ -536,6 +537,7 @@ class Ledger:
             "phase_totals": totals,
             "total_seconds": sum(totals.values()),
             "open_phases": open_phases,
+            "coverage": phase_coverage(run["created_at"], phases),
             "counters": counters,
             "evaluations": evaluations,
             "events": events,

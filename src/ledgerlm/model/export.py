@@ -24,11 +24,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from ledgerlm.config import load_recipe
-from ledgerlm.ledger.store import Ledger
 from ledgerlm.model.gpt import GPT, ffn_hidden
-from ledgerlm.train.checkpoint import load_checkpoint
-from ledgerlm.workspace import Workspace, read_json
 
 WEIGHTS = "model.safetensors"
 
@@ -133,7 +129,8 @@ def _readable(folder: Path) -> None:
         f.chmod(0o666 & ~umask)
 
 
-def _check_target(out_dir: Path, force: bool) -> None:
+def check_target(out_dir: Path, force: bool) -> None:
+    """Refuse a target that is a file, or a folder with files in it unless ``force``."""
     if out_dir.exists() and not out_dir.is_dir():
         raise ExportError(f"{out_dir}: exists and is not a folder")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
@@ -151,7 +148,7 @@ def export_hf(
 ) -> Path:
     """Write ``config.json``, ``model.safetensors`` and the tokenizer into ``out_dir``."""
     out_dir = Path(out_dir)
-    _check_target(out_dir, force)
+    check_target(out_dir, force)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
@@ -160,7 +157,7 @@ def export_hf(
         if tokenizer_path is not None:
             _write_tokenizer(tmp, Path(tokenizer_path), special or {}, max_positions)
         _readable(tmp)
-        _check_target(out_dir, force)  # again: something may have appeared meanwhile
+        check_target(out_dir, force)  # again: something may have appeared meanwhile
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.rename(tmp, out_dir)
@@ -168,32 +165,3 @@ def export_hf(
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
-
-
-def export_run(workspace: Workspace, run_ref: str, out_dir: Path, *, force: bool = False) -> Path:
-    """Rebuild a run's model from its stored recipe and checkpoint, then ``export_hf`` it."""
-    if not workspace.ledger_path.is_file():
-        raise ExportError(f"{workspace.ledger_path}: no ledger here (run something first)")
-    with Ledger(workspace.ledger_path) as ledger:
-        run_id = ledger.resolve_run(run_ref)
-        tokens_version = ledger.run_summary(run_id)["run"]["tokens_version"]
-    run_dir = workspace.run_dir(run_id)
-    checkpoint = run_dir / "checkpoint"
-    if tokens_version is None or not (checkpoint / "state.json").is_file():
-        raise ExportError(f"run {run_id} has no checkpoint to export")
-    _check_target(Path(out_dir), force)  # fail before the (slower) model load
-    recipe = load_recipe(run_dir / "recipe.toml")
-    tok = workspace.manifest("tokens", tokens_version)["tokenizer"]
-    model = GPT(recipe.model, int(tok["vocab_size"]))
-    recorded = read_json(checkpoint / "state.json").get("recipe_sha256")
-    if recorded is not None and recorded != recipe.digest():
-        raise ExportError(f"{run_dir / 'recipe.toml'} does not match the run's checkpoint")
-    load_checkpoint(checkpoint, model)
-    return export_hf(
-        model.eval(),
-        out_dir,
-        tokenizer_path=workspace.version_dir("tokens", tokens_version) / "tokenizer.json",
-        special=tok["special"],
-        max_positions=recipe.pack.seq_len,
-        force=force,
-    )

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ledgerlm.model.attention import attention_mask
-
 IGNORE_INDEX = -100
 
 
@@ -39,9 +37,6 @@ class Batch:
     def labels(self) -> torch.Tensor:
         """Targets with unsupervised positions set to IGNORE_INDEX (the usual HF convention)."""
         return self.targets.masked_fill(~self.loss_mask, IGNORE_INDEX)
-
-    def attention_mask(self, mode: str) -> torch.Tensor:
-        return attention_mask(self.doc_ids, mode)
 
 
 def position_ids(doc_ids: np.ndarray, reset: bool) -> np.ndarray:

@@ -21,6 +21,7 @@ from ledgerlm.config import EvalConfig
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.train.distributed import World
 from ledgerlm.train.loss import per_target_loss
+from ledgerlm.train.record import Section
 
 
 def unigram_entropy(val: Sequence[Batch]) -> float:
@@ -143,20 +144,11 @@ class EvalCallback:
         if self.cfg.asynchronous and not final:
             self.submit(trainer)
             return None
-        s = trainer.state
-        clock = trainer.clock
-        phase_id = None
-        if clock:
-            with clock.interrupt("eval", s.step) as phase:
-                metrics = self.score(trainer)
-                snapshot = weights_digest(trainer.model)
-                phase_id = phase.id
-        else:
+        with trainer.recorder.interrupt("eval", trainer.state.step) as section:
             metrics = self.score(trainer)
             snapshot = weights_digest(trainer.model)
-        return self._record(
-            {**self._base(trainer), "metrics": metrics, "snapshot": snapshot}, trainer, phase_id
-        )
+        record = {**self._base(trainer), "metrics": metrics, "snapshot": snapshot}
+        return self._record(record, trainer, section)
 
     def submit(self, trainer) -> None:
         """Copy the weights and score the copy in the background."""
@@ -184,27 +176,18 @@ class EvalCallback:
             return None
         future, base = self._pending
         self._pending = None
-        clock, step = trainer.clock, trainer.state.step
-        phase_id = None
-        if clock:
-            with clock.interrupt("eval", step) as phase:
-                metrics, wall, cpu = future.result()
-                phase.detail.update(
-                    asynchronous=True,
-                    snapshot_step=base["step"],
-                    eval_wall_seconds=round(wall, 6),
-                    eval_compute_seconds=round(cpu, 6),
-                )
-                phase_id = phase.id
-        else:
+        with trainer.recorder.interrupt("eval", trainer.state.step) as section:
             metrics, wall, cpu = future.result()
-        return self._record({**base, "metrics": metrics}, trainer, phase_id)
+            section.detail.update(
+                asynchronous=True,
+                snapshot_step=base["step"],
+                eval_wall_seconds=round(wall, 6),
+                eval_compute_seconds=round(cpu, 6),
+            )
+        return self._record({**base, "metrics": metrics}, trainer, section)
 
-    def _record(self, record: dict[str, Any], trainer, phase_id: int | None) -> dict[str, Any]:
-        clock = trainer.clock
-        if clock:
-            clock.ledger.add_evaluation(clock.run_id, phase_id=phase_id, **record)
-            clock.ledger.set_counters(clock.run_id, trainer.state.counters())
+    def _record(self, record: dict[str, Any], trainer, section: Section) -> dict[str, Any]:
+        trainer.recorder.evaluation(record, section, trainer.state.counters())
         self.history.append(record)
         self.observe(record, trainer)
         return record

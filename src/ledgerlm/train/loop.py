@@ -1,5 +1,6 @@
 """The training loop: accumulation with one global denominator, clipping, a
-non-finite guard, and callbacks for everything else (evaluation, ledger, progress).
+non-finite guard, and callbacks for everything else (evaluation, progress, budget).
+What it spends and measures goes to one ``Recorder`` (the ledger, when the lab runs it).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import Any, Protocol
 import torch
 
 from ledgerlm.config import TrainConfig
-from ledgerlm.ledger.clock import PhaseClock
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.train.distributed import World
 from ledgerlm.train.loss import (
@@ -23,6 +23,7 @@ from ledgerlm.train.loss import (
     objective_terms,
 )
 from ledgerlm.train.optim import Optimizer, lr_factor, schedule_position
+from ledgerlm.train.record import Recorder
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -120,7 +121,7 @@ class Trainer:
         batches: Iterator[Batch],
         attention: str,
         callbacks: Sequence[Callback] = (),
-        clock: PhaseClock | None = None,
+        recorder: Recorder | None = None,
         max_consecutive_skips: int = 100,
         world: World | None = None,
     ) -> None:
@@ -128,7 +129,7 @@ class Trainer:
         self.world = world or World()
         self.batches, self.attention = batches, attention
         self.callbacks = list(callbacks)
-        self.clock = clock
+        self.recorder = recorder or Recorder()
         self.state = TrainState()
         self.events: list[dict[str, Any]] = []
         self.max_consecutive_skips = max_consecutive_skips
@@ -235,8 +236,7 @@ class Trainer:
         }
         self.events.append(event)
         message = json.dumps(event)
-        if self.clock:
-            self.clock.ledger.add_event(self.clock.run_id, "nonfinite", message, step=record.step)
+        self.recorder.event("nonfinite", message, step=record.step)
         self._consecutive_skips += 1
         if self.cfg.nonfinite == "stop":
             raise NonFiniteLossError(f"step {record.step}: non-finite values: {message}")
@@ -263,10 +263,11 @@ class Trainer:
         self._consecutive_skips = int(d.get("consecutive_skips", 0))
 
     def fit(self) -> TrainState:
-        if self.clock:
-            self.clock.start("train", self.state.step)
+        recorder = self.recorder
+        recorder.start("train", self.state.step)
         try:
             with self.autocast():
+                recorder.on_train_start(self)
                 for cb in self.callbacks:
                     cb.on_train_start(self)
             while self.state.step < self.cfg.max_steps and not self.state.should_stop:
@@ -275,14 +276,15 @@ class Trainer:
                 if self.state.step == before:  # skipped: nothing new to evaluate or report
                     continue
                 with self.autocast():
+                    recorder.on_step_end(self)
                     for cb in self.callbacks:
                         cb.on_step_end(self)
             if not self.state.stop_reason:
                 self.state.stop_reason = "max_steps"
             with self.autocast():
+                recorder.on_train_end(self)
                 for cb in self.callbacks:
                     cb.on_train_end(self)
         finally:
-            if self.clock:
-                self.clock.stop(self.state.step)
+            recorder.stop(self.state.step)
         return self.state

@@ -66,14 +66,8 @@ class CheckpointCallback:
         pass
 
     def save(self, trainer) -> Path:
-        for cb in trainer.callbacks:  # ledger rows up to this step go in before the save
-            if cb is not self and callable(getattr(cb, "flush", None)):
-                cb.flush(trainer)
-        step = trainer.state.step
-        if trainer.clock is None:
-            return save_training(self.folder, trainer, self.extra)
-        with trainer.clock.interrupt("checkpoint", step) as phase:
-            phase.detail["periodic"] = True
+        trainer.recorder.flush(trainer)  # the record up to this step goes in before the save
+        with trainer.recorder.interrupt("checkpoint", trainer.state.step, periodic=True):
             return save_training(self.folder, trainer, self.extra)
 
 

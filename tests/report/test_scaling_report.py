@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ledgerlm.ledger.scaling_report import render_scaling_report
+from ledgerlm.report.scaling_report import render_scaling_report
 from ledgerlm.scaling.allocate import compute_optimal
 from ledgerlm.scaling.fit import ScalingLaw, isoflop_fit
 from ledgerlm.scaling.law import LawParams, flops
 from reference_data import reference_points
 from report_helpers import SVG, by_class, console_errors, headless_chromium, svgs
 
-# /work/main/tests/ledger/test_scaling_report.py -> parents[3] = /work, beside the repository.
+# /work/main/tests/report/test_scaling_report.py -> parents[3] = /work, beside the repository.
 
 TRUE = LawParams(E=1.8, A=450.0, B=2100.0, alpha=0.34, beta=0.37)
 BUDGETS = (1e18, 1e19, 1e20, 1e21)

@@ -1,4 +1,4 @@
-"""Page and chart primitives shared by the HTML reports (``report.py``, ``scaling_report.py``).
+"""Page and chart primitives shared by the HTML reports (``run_report.py``, ``scaling_report.py``).
 
 Everything here writes inline SVG or HTML as strings: no scripts, no external resources.
 Text that comes from data goes through :func:`e` (``html.escape``); tick labels and

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ledgerlm.ledger.charts import (
+from ledgerlm.report.charts import (
     BOTTOM,
     LEFT,
     RIGHT,

@@ -12,7 +12,7 @@ import pytest
 from cli_runner import ledgerlm
 from ledgerlm.ledger import Ledger
 from ledgerlm.ledger.compare import NO_TEST, RULE
-from ledgerlm.ledger.report import eval_seconds, nice_ticks, render_report
+from ledgerlm.report.run_report import eval_seconds, nice_ticks, render_report
 from ledgerlm.workspace import Workspace
 from report_helpers import SVG, by_class, console_errors, headless_chromium, svgs
 from seed_ledger import seed_run

@@ -18,7 +18,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ledgerlm.ledger.charts import (
+from ledgerlm.ledger.compare import compare_runs
+from ledgerlm.report.charts import (
     BOTTOM,
     LEFT,
     RIGHT,
@@ -35,7 +36,6 @@ from ledgerlm.ledger.charts import (
     page,
     run_color,
 )
-from ledgerlm.ledger.compare import compare_runs
 
 PHASE_ORDER = ("prep", "tokenize", "restore", "train", "eval", "checkpoint")
 PHASE_COLORS = {

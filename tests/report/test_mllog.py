@@ -21,7 +21,7 @@ from ledgerlm.cli import ledger_cmd
 from ledgerlm.config import load_recipe
 from ledgerlm.ledger import Ledger
 from ledgerlm.ledger.clock import PhaseClock
-from ledgerlm.ledger.mllog import RULES, MLLogUnavailable, check_mllog, export_mllog
+from ledgerlm.report.mllog import RULES, MLLogUnavailable, check_mllog, export_mllog
 
 TOKEN = ":::MLLOG "
 

@@ -1,0 +1,126 @@
+"""The parts of training a run needs, built in one place for fresh runs, resumes and
+follower ranks: determinism, model and optimizer, this rank's data stream, the
+validation batches, and the ``Trainer`` with its callbacks.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ledgerlm.config import Recipe, TrainConfig
+from ledgerlm.model.gpt import GPT
+from ledgerlm.tokens.loader import train_batches, validation_batches
+from ledgerlm.tokens.packing import Batch
+from ledgerlm.tokens.shards import TokenStore
+from ledgerlm.train.budget import BudgetCallback
+from ledgerlm.train.callbacks import ProgressCallback
+from ledgerlm.train.distributed import RankShard, World
+from ledgerlm.train.evaluate import EvalCallback, weights_digest
+from ledgerlm.train.loop import Trainer
+from ledgerlm.train.optim import Optimizer, build_optimizer
+from ledgerlm.train.record import Recorder
+from ledgerlm.train.resume import CheckpointCallback, load_training
+
+
+def determinism(train: TrainConfig) -> None:
+    """Seed, thread count and deterministic kernels: fixed per recipe and machine, so a
+    resumed run repeats the uninterrupted run's float operations in the same order.
+    Without ``train.threads`` the cores are shared by the processes on this node."""
+    torch.manual_seed(train.seed)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    torch.set_num_threads(train.threads or max(1, (os.cpu_count() or 1) // local))
+    torch.use_deterministic_algorithms(True)
+
+
+@dataclass
+class Parts:
+    """What a trainer is made of: the model, its optimizer and this rank's data stream."""
+
+    model: GPT
+    optimizer: Optimizer
+    stream: RankShard
+    store: TokenStore
+
+
+def build_parts(
+    recipe: Recipe, store: TokenStore, world: World, checkpoint: Path | None = None
+) -> tuple[Parts, dict[str, Any] | None]:
+    """Seed, then the model and optimizer (fresh, or as the resumable ``checkpoint``
+    folder left them, RNG included) and this rank's share of the training stream from
+    the start or from the checkpoint's cursor. Returns the checkpoint's JSON state too."""
+    determinism(recipe.train)
+    t = recipe.train
+    model = GPT(recipe.model, store.vocab_size)
+    optimizer = build_optimizer(model, t)
+    saved = None
+    if checkpoint is not None:
+        saved = load_training(checkpoint, model, optimizer)
+        if saved.get("recipe_sha256") != recipe.digest():
+            raise ValueError(f"{checkpoint.parent / 'recipe.toml'} does not match the checkpoint")
+    cursor = saved["data"] if saved else None
+    stream = train_batches(store, recipe.pack, t.micro_batch_rows, t.seed, cursor)
+    return Parts(model, optimizer, RankShard(stream, world), store), saved
+
+
+def val_batches(store: TokenStore, recipe: Recipe) -> list[Batch]:
+    """The fixed validation set of a recipe, in batches of ``micro_batch_rows``."""
+    return validation_batches(store, recipe.pack, recipe.eval, recipe.train.micro_batch_rows)
+
+
+def same_replicas(model: torch.nn.Module, world: World) -> None:
+    """Every rank must start from rank 0's weights; a mismatch means nondeterminism."""
+    if not world.distributed:
+        return
+    mine = weights_digest(model)
+    if world.broadcast_object(mine) != mine:
+        raise RuntimeError(f"rank {world.rank}: initial weights differ from rank 0's")
+
+
+def build_trainer(
+    recipe: Recipe,
+    parts: Parts,
+    evaluator: EvalCallback,
+    world: World,
+    *,
+    started_at: float,
+    recorder: Recorder | None = None,
+    task: Any = None,
+    checkpoints: tuple[Path, dict[str, Any]] | None = None,
+    resumed: dict[str, Any] | None = None,
+) -> Trainer:
+    """The trainer of a run on this rank.
+
+    ``started_at`` (a ``time.time()``) is when the run's wall-time budget began;
+    ``task`` a progress task advanced per update; ``checkpoints`` (folder, extra JSON
+    state) saves every ``train.checkpoint_every`` updates; ``resumed`` is the trainer
+    state of the checkpoint resumed from. Rank 0 passes the ledger's recorder, a task
+    and checkpoints; other ranks pass none of them.
+    """
+    same_replicas(parts.model, world)
+    callbacks: list[Any] = [evaluator]
+    if task is not None:
+        callbacks.append(ProgressCallback(task))
+    if checkpoints is not None:
+        folder, extra = checkpoints
+        callbacks.append(CheckpointCallback(folder, recipe.train.checkpoint_every, extra))
+    callbacks.append(BudgetCallback(recipe.eval, started_at))
+    trainer = Trainer(
+        parts.model,
+        parts.optimizer,
+        recipe.train,
+        parts.stream,
+        recipe.pack.attention,
+        callbacks=callbacks,
+        recorder=recorder,
+        world=world,
+    )
+    if resumed is not None:
+        trainer.load_state_dict(resumed)
+        if task is not None:
+            task.advance(trainer.state.step)
+    return trainer

@@ -1,0 +1,42 @@
+"""Export a run of the ledger as a Hugging Face ``LlamaForCausalLM`` folder: the run's
+stored recipe and checkpoint rebuild the model, ``model.export.export_hf`` writes it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ledgerlm.config import load_recipe
+from ledgerlm.ledger.store import Ledger
+from ledgerlm.model.export import ExportError, check_target, export_hf
+from ledgerlm.model.gpt import GPT
+from ledgerlm.train.checkpoint import STATE, load_checkpoint
+from ledgerlm.workspace import Workspace, read_json
+
+
+def export_run(workspace: Workspace, run_ref: str, out_dir: Path, *, force: bool = False) -> Path:
+    """Rebuild a run's model from its stored recipe and checkpoint, then ``export_hf`` it."""
+    if not workspace.ledger_path.is_file():
+        raise ExportError(f"{workspace.ledger_path}: no ledger here (run something first)")
+    with Ledger(workspace.ledger_path) as ledger:
+        run_id = ledger.resolve_run(run_ref)
+        tokens_version = ledger.run_summary(run_id)["run"]["tokens_version"]
+    run_dir = workspace.run_dir(run_id)
+    checkpoint = run_dir / "checkpoint"
+    if tokens_version is None or not (checkpoint / STATE).is_file():
+        raise ExportError(f"run {run_id} has no checkpoint to export")
+    check_target(Path(out_dir), force)  # fail before the (slower) model load
+    recipe = load_recipe(run_dir / "recipe.toml")
+    tok = workspace.manifest("tokens", tokens_version)["tokenizer"]
+    model = GPT(recipe.model, int(tok["vocab_size"]))
+    recorded = read_json(checkpoint / STATE).get("recipe_sha256")
+    if recorded is not None and recorded != recipe.digest():
+        raise ExportError(f"{run_dir / 'recipe.toml'} does not match the run's checkpoint")
+    load_checkpoint(checkpoint, model)
+    return export_hf(
+        model.eval(),
+        out_dir,
+        tokenizer_path=workspace.version_dir("tokens", tokens_version) / "tokenizer.json",
+        special=tok["special"],
+        max_positions=recipe.pack.seq_len,
+        force=force,
+    )

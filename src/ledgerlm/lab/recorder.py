@@ -1,0 +1,114 @@
+"""The ledger behind a run: phases, per-update rows, evaluations and events, all written
+through one ``LedgerRecorder`` that the trainer reports to (``train.record.Recorder``).
+
+The lab also drives it for the phases around training (setup, prep, tokenize, restore,
+the final checkpoint and test), so one ``PhaseClock`` opens every phase of a process and
+each phase starts where the previous one ended: the phases cover the run's wall time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ledgerlm.ledger.clock import PhaseClock
+from ledgerlm.ledger.store import Ledger, OpenPhase
+from ledgerlm.train.record import Recorder
+
+
+class LedgerRecorder(Recorder):
+    """Writes what the trainer reports into ``ledger`` for ``run_id``.
+
+    Every optimizer update becomes a ``steps`` row (tokens and targets of that update,
+    loss, grad norm, lr), buffered and written once per ``flush_every`` updates. Each
+    write is also the heartbeat of the open phase (``Ledger.beat``), so a process
+    killed mid-segment leaves the last time it was known alive. The buffer is therefore
+    also written at the first update of each newly opened phase and whenever
+    ``flush_seconds`` passed since the last write: with evaluations cutting training
+    into segments every ``flush_every`` updates, a count alone would beat each segment
+    only just before it ends normally, never while it could be killed.
+    """
+
+    def __init__(
+        self, ledger: Ledger, run_id: str, flush_every: int = 1, flush_seconds: float = 2.0
+    ) -> None:
+        self.ledger, self.run_id = ledger, run_id
+        self.clock = PhaseClock(ledger, run_id)
+        self.flush_every = max(1, flush_every)
+        self.flush_seconds = flush_seconds
+        self.rows: list[dict[str, Any]] = []
+        self._last = (0, 0, 0)  # step, tokens, targets at the previous row
+        self._flushed_at = time.monotonic()
+        self._beaten: int | None = None  # id of the phase the last write beat
+
+    # -- phases -------------------------------------------------------------------------
+
+    @property
+    def current(self) -> OpenPhase | None:
+        return self.clock.current
+
+    def start(self, kind: str, step: int | None = None, **detail: Any) -> OpenPhase:
+        return self.clock.start(kind, step, **detail)
+
+    def stop(self, step: int | None = None) -> None:
+        self.clock.stop(step)
+
+    @contextmanager
+    def interrupt(self, kind: str, step: int | None = None, **detail: Any) -> Iterator[OpenPhase]:
+        with self.clock.interrupt(kind, step, **detail) as phase:
+            yield phase
+
+    # -- per-update rows and heartbeats -------------------------------------------------
+
+    def on_train_start(self, trainer: Any) -> None:
+        s = trainer.state
+        self._last = (s.step, s.tokens, s.targets)
+        self._flushed_at = time.monotonic()
+
+    def on_step_end(self, trainer: Any) -> None:
+        s = trainer.state
+        step, tokens, targets = self._last
+        if s.step == step:  # no update happened (a skipped step)
+            return
+        self.rows.append(
+            {
+                "step": s.step,
+                "tokens": s.tokens - tokens,
+                "targets": s.targets - targets,
+                "loss": s.loss,
+                "grad_norm": s.grad_norm,
+                "lr": s.lr,
+            }
+        )
+        self._last = (s.step, s.tokens, s.targets)
+        if len(self.rows) >= self.flush_every or self._beat_due():
+            self.flush(trainer)
+
+    def _beat_due(self) -> bool:
+        phase = self.clock.current
+        if phase is None:
+            return False
+        late = time.monotonic() - self._flushed_at >= self.flush_seconds
+        return late or phase.id != self._beaten
+
+    def flush(self, trainer: Any = None) -> None:
+        """Write the buffered rows, then beat the open phase up to their last step."""
+        if self.rows:
+            self.ledger.add_steps(self.run_id, self.rows)
+            phase = self.clock.current
+            if phase is not None:
+                self.ledger.beat(phase.id, step=int(self.rows[-1]["step"]))
+                self._beaten = phase.id
+        self.rows = []
+        self._flushed_at = time.monotonic()
+
+    # -- facts --------------------------------------------------------------------------
+
+    def evaluation(self, record: dict[str, Any], section: Any, counters: dict[str, float]) -> None:
+        self.ledger.add_evaluation(self.run_id, phase_id=section.id, **record)
+        self.ledger.set_counters(self.run_id, counters)
+
+    def event(self, kind: str, message: str, step: int | None = None) -> None:
+        self.ledger.add_event(self.run_id, kind, message, step=step)

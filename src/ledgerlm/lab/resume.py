@@ -1,0 +1,139 @@
+"""Resuming a killed or failed run from its last checkpoint, in the same ledger run.
+
+The run is reopened as ``running`` and restored from its last checkpoint (a
+``restore`` phase marked ``resume``); it then makes bitwise the updates the
+uninterrupted run would have made. The time between the death of the old process and
+the restore is not the run's work and is not charged; from the restore on, every second
+is in a phase again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from ledgerlm.config import load_recipe
+from ledgerlm.lab.build import build_parts
+from ledgerlm.lab.continued import find_version
+from ledgerlm.lab.recorder import LedgerRecorder
+from ledgerlm.lab.run import (
+    Handoff,
+    RunResult,
+    check_contract,
+    checkpoint_extra,
+    eval_sets,
+    failing,
+    follow,
+    run_lock,
+    train_run,
+)
+from ledgerlm.ledger.store import Ledger, LedgerError
+from ledgerlm.progress import NullProgress, Progress
+from ledgerlm.tokens.shards import TokenStore
+from ledgerlm.train.checkpoint import STATE, resolve_checkpoint
+from ledgerlm.train.distributed import World
+from ledgerlm.train.resume import ResumedEval
+from ledgerlm.workspace import Workspace
+
+
+def _earlier(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    keys = ("step", "tokens", "targets", "updates", "metrics", "snapshot")
+    return [{k: e[k] for k in keys} for e in summary["evaluations"]]
+
+
+def resume_run(
+    workspace: Workspace,
+    run_ref: str,
+    progress: Progress | None = None,
+    world: World | None = None,
+) -> RunResult:
+    """Continue a killed or failed run from its last checkpoint, in the same ledger run.
+
+    Evaluations the run already recorded stay; a step evaluated again after the
+    restore reuses its row when the weights digest matches (see ``ResumedEval``).
+    """
+    progress = progress or NullProgress()
+    world = world or World()
+    if not world.is_main:
+        return follow(None, workspace, world)
+    handoff = Handoff(world)
+    with handoff.guard():
+        if not workspace.ledger_path.is_file():
+            raise LedgerError(f"{workspace.ledger_path}: no ledger here (run something first)")
+        ledger = Ledger(workspace.ledger_path)
+    try:
+        with handoff.guard():
+            run_id = ledger.resolve_run(run_ref)
+            before = ledger.run_summary(run_id)
+            run = before["run"]
+            if run["status"] not in ("running", "failed"):
+                raise LedgerError(f"run {run_id} has finished ({run['status']}); nothing to resume")
+            run_dir = workspace.run_dir(run_id)
+            folder = run_dir / "checkpoint"
+            if not (resolve_checkpoint(folder) / STATE).is_file():
+                raise LedgerError(
+                    f"run {run_id} left no checkpoint to resume from "
+                    "(train.checkpoint_every = N saves one every N updates)"
+                )
+        recorder = LedgerRecorder(ledger, run_id)
+        with handoff.guard(), run_lock(run_dir):
+            # The killed process's open phases end at their last heartbeat (a lower bound
+            # of what it spent); only now, under the lock, is no live process writing them.
+            closed = ledger.close_open_phases(run_id, "resume")
+            if closed:
+                message = [{k: p[k] for k in ("id", "kind", "seconds")} for p in closed]
+                ledger.add_event(run_id, "closed_open_phases", json.dumps(message))
+            ledger.finish_run(run_id, "running")
+            # The wall-time budget counts the work recorded so far, not the time between
+            # the kill and this resume.
+            started_at = time.time() - ledger.run_summary(run_id)["total_seconds"]
+            with failing(recorder):
+                ph = recorder.start("restore", resume=True)
+                recipe = load_recipe(run_dir / "recipe.toml")
+                recorder.flush_every = max(1, recipe.eval.every_steps)
+                check_contract(recipe, world)
+                data = find_version(workspace, "data", run["data_version"])
+                tokens = find_version(workspace, "tokens", run["tokens_version"])
+                handoff.send(
+                    {
+                        "data": data.version,
+                        "tokens": tokens.version,
+                        "recipe": recipe.to_dict(),
+                        "checkpoint": str(folder),
+                        "earlier": _earlier(before),
+                    }
+                )
+                store = TokenStore(tokens.path)
+                parts, saved = build_parts(recipe, store, world, folder)
+                assert saved is not None
+                ph.step_end = saved["step"]
+                ph.detail.update(step=saved["step"], cursor=saved["data"]["cursor"])
+                recorder.event("resume", f"from step {saved['step']}", step=saved["step"])
+
+                sets = eval_sets(recorder, store, recipe)
+                evaluator = ResumedEval(
+                    sets.val,
+                    recipe.eval,
+                    recipe.pack.attention,
+                    store.domains,
+                    earlier=_earlier(before),
+                    step=saved["step"],
+                )
+                train_run(
+                    recorder,
+                    recipe,
+                    parts,
+                    evaluator,
+                    world,
+                    started_at=started_at,
+                    progress=progress,
+                    checkpoints=(folder, checkpoint_extra(run_id, recipe)),
+                    test=sets.test,
+                    resumed=saved["trainer"],
+                )
+        summary = ledger.run_summary(run_id)
+    finally:
+        ledger.close()
+    params = parts.model.num_params()
+    return RunResult(run_id, data, tokens, summary, sets.entropy, params)

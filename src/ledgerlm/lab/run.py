@@ -1,0 +1,341 @@
+"""One run of a recipe: data -> tokens -> train -> checkpoint, every second in a phase.
+
+The run is created in the ledger before any work, so the preparation time of this run
+is part of its bill. A reused data or token version costs only the time to find it;
+the manifest keeps what building it originally cost. From the run's creation to its
+end, one ``LedgerRecorder`` keeps exactly one phase open (``setup``, ``prep``,
+``tokenize``, ``eval``, ``restore``, ``train``, ``checkpoint``), each starting where the
+previous one ended, so the phases cover the run's wall time and time-to-target is
+the wall time until the confirming evaluation.
+
+A run killed mid-training continues with ``resume_run`` (``lab.resume``). Under
+``torchrun`` rank 0 does everything a single process does (data, tokens, ledger,
+checkpoints, progress); it then hands the built versions to the other ranks
+(``Handoff``), which train their share of each step and evaluate their share of the
+validation set (``ledgerlm.train.distributed``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ledgerlm.config import Recipe, recipe_from_dict, recipe_to_toml
+from ledgerlm.data.pipeline import prepare_data
+from ledgerlm.lab.build import Parts, build_parts, build_trainer, val_batches
+from ledgerlm.lab.continued import BeforeAfter, find_version, init_source
+from ledgerlm.lab.recorder import LedgerRecorder
+from ledgerlm.ledger.store import Ledger, LedgerError
+from ledgerlm.progress import NullProgress, Progress
+from ledgerlm.tokens.loader import test_batches
+from ledgerlm.tokens.packing import Batch
+from ledgerlm.tokens.shards import TokenStore, build_tokens
+from ledgerlm.train.checkpoint import load_checkpoint
+from ledgerlm.train.distributed import World
+from ledgerlm.train.evaluate import EvalCallback, evaluate, unigram_entropy, weights_digest
+from ledgerlm.train.loop import Trainer
+from ledgerlm.train.resume import ResumedEval, save_training
+from ledgerlm.workspace import BuiltVersion, Workspace, atomic_write_text
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    data: BuiltVersion
+    tokens: BuiltVersion
+    summary: dict[str, Any]  # read back from the ledger (empty on ranks other than 0)
+    unigram_entropy: float
+    params: int
+    continued: list[dict[str, Any]] | None = None  # before/after rows (train.init_from)
+
+
+class Handoff:
+    """Rank 0 tells the other ranks what to train (versions, checkpoint, earlier
+    evaluations) once it is ready, or that it failed, so no rank waits forever."""
+
+    def __init__(self, world: World) -> None:
+        self.world, self.sent = world, False
+
+    def send(self, message: dict[str, Any] | None) -> None:
+        if self.world.distributed and not self.sent:
+            self.sent = True
+            self.world.broadcast_object(message)
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        try:
+            yield
+        except BaseException:
+            self.send(None)
+            raise
+
+
+@contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """One process trains a run at a time; the kernel drops the lock when it dies."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LedgerError(f"run {run_dir.name} is being trained by another process") from None
+        yield
+
+
+@contextmanager
+def failing(recorder: LedgerRecorder) -> Iterator[None]:
+    """Any error (Ctrl-C included) closes the open phase and marks the run failed."""
+    try:
+        yield
+    except BaseException as exc:
+        recorder.stop()
+        recorder.event("error", f"{type(exc).__name__}: {exc}")
+        recorder.ledger.finish_run(recorder.run_id, "failed")
+        raise
+
+
+def check_contract(recipe: Recipe, world: World) -> None:
+    if recipe.eval.asynchronous and world.distributed:
+        raise ValueError(
+            "eval.asynchronous = true runs evaluation in a background thread, which cannot "
+            "take part in torchrun's collectives; use synchronous evaluation under torchrun"
+        )
+    if recipe.train.init_from and world.distributed:
+        raise ValueError("train.init_from (continued pretraining) runs in one process")
+
+
+def _check_metric(recipe: Recipe, store: TokenStore) -> None:
+    metric = recipe.eval.metric
+    if metric != "loss" and metric.split("/", 1)[1] not in store.domains:
+        raise ValueError(
+            f"eval.metric = {metric!r}: the token version has no such domain "
+            f"(domains: {', '.join(store.domains)})"
+        )
+
+
+@dataclass
+class EvalSets:
+    """The fixed validation set (its unigram entropy) and the once-only test set."""
+
+    val: list[Batch]
+    entropy: float
+    test: list[Batch]
+
+
+def eval_sets(recorder: LedgerRecorder, store: TokenStore, recipe: Recipe) -> EvalSets:
+    """Build the validation and test batches as an ``eval`` phase."""
+    recorder.start("eval", what="build validation set")
+    val = val_batches(store, recipe)
+    test = test_batches(store, recipe.pack, recipe.eval, recipe.train.micro_batch_rows)
+    return EvalSets(val, unigram_entropy(val), test)
+
+
+def train_run(
+    recorder: LedgerRecorder,
+    recipe: Recipe,
+    parts: Parts,
+    evaluator: EvalCallback,
+    world: World,
+    *,
+    started_at: float,
+    progress: Progress,
+    checkpoints: tuple[Path, dict[str, Any]],
+    test: list[Batch],
+    resumed: dict[str, Any] | None = None,
+) -> Trainer:
+    """Build the trainer (a ``setup`` phase), train to max_steps, the target or the
+    budget; then the final checkpoint, the once-only test score, and the run's status
+    (reached or not). ``resumed`` is the trainer state of the checkpoint resumed from."""
+    recorder.start("setup", what="trainer")
+    with progress.task("train", total=recipe.train.max_steps) as task:
+        trainer = build_trainer(
+            recipe,
+            parts,
+            evaluator,
+            world,
+            started_at=started_at,
+            recorder=recorder,
+            task=task,
+            checkpoints=checkpoints,
+            resumed=resumed,
+        )
+        state = trainer.fit()
+    ledger, run_id = recorder.ledger, recorder.run_id
+    recorder.start("checkpoint", state.step)
+    ledger.set_counters(run_id, state.counters())
+    ledger.add_event(run_id, "train_end", state.stop_reason, step=state.step)
+    folder, extra = checkpoints
+    save_training(folder, trainer, extra)
+    if test:
+        _test_once(recorder, trainer, evaluator, test)
+    recorder.stop()
+    ledger.finish_run(run_id, "reached" if evaluator.reached_step is not None else "not reached")
+    return trainer
+
+
+def _test_once(
+    recorder: LedgerRecorder, trainer: Trainer, evaluator: EvalCallback, test: list[Batch]
+) -> None:
+    """Score the final weights once on the held-out test split (``data.test_fraction``).
+
+    The test set never decides anything during the run (the target is confirmed on
+    the validation set, which tuning also uses); it gives the final figure.
+    """
+    step = trainer.state.step
+    recorder.start("eval", step, what="test set, once")
+    with trainer.autocast():
+        metrics = evaluate(trainer.model, test, evaluator.attention, evaluator.domains)
+    record = {
+        "step": step,
+        "snapshot": weights_digest(trainer.model),
+        "targets": sum(b.num_targets for b in test),
+        "metrics": {f"test/{k}": v for k, v in metrics.items()},
+    }
+    recorder.event("test_evaluation", json.dumps(record), step=step)
+
+
+def _prepare(
+    recorder: LedgerRecorder, recipe: Recipe, workspace: Workspace, progress: Progress
+) -> tuple[BuiltVersion, BuiltVersion, TokenStore]:
+    """The data and tokens versions (built or reused), as ``prep`` and ``tokenize``."""
+    ph = recorder.start("prep")
+    data = prepare_data(recipe.data, workspace, progress)
+    ph.detail.update(version=data.version, reused=data.reused, built_seconds=data.build_seconds)
+    ph = recorder.start("tokenize")
+    tokens = build_tokens(data, recipe.tokenizer, workspace, progress)
+    ph.detail.update(
+        version=tokens.version, reused=tokens.reused, built_seconds=tokens.build_seconds
+    )
+    recorder.ledger.set_versions(
+        recorder.run_id, data_version=data.version, tokens_version=tokens.version
+    )
+    store = TokenStore(tokens.path)
+    _check_metric(recipe, store)
+    return data, tokens, store
+
+
+def run_recipe(
+    recipe: Recipe,
+    workspace: Workspace,
+    progress: Progress | None = None,
+    world: World | None = None,
+) -> RunResult:
+    """Run ``recipe`` end to end; under ``torchrun`` pass the ``World`` on every rank."""
+    progress = progress or NullProgress()
+    world = world or World()
+    if not world.is_main:
+        return follow(recipe, workspace, world)
+    handoff = Handoff(world)
+    check_contract(recipe, world)
+    ledger = Ledger(workspace.ledger_path)
+    init = None
+    if recipe.train.init_from:
+        try:
+            recipe, init = init_source(recipe, ledger, workspace)
+        except BaseException:
+            ledger.close()
+            raise
+    run_id = ledger.create_run(
+        recipe.name,
+        recipe.to_dict(),
+        target_metric=recipe.eval.metric,
+        target_value=recipe.eval.target_loss,
+        eval_every=recipe.eval.every_steps,
+        meta={"contract": recipe.eval.contract()},
+    )
+    started_at = time.time()
+    recorder = LedgerRecorder(ledger, run_id, flush_every=recipe.eval.every_steps)
+    recorder.start("setup", what="run folder and recipe")
+    run_dir = workspace.run_dir(run_id)
+    try:
+        with handoff.guard(), failing(recorder), run_lock(run_dir):
+            atomic_write_text(run_dir / "recipe.toml", recipe_to_toml(recipe))
+            data, tokens, store = _prepare(recorder, recipe, workspace, progress)
+            handoff.send({"data": data.version, "tokens": tokens.version, "world": world.size})
+
+            sets = eval_sets(recorder, store, recipe)
+            contract = {
+                **recipe.eval.contract(),
+                "val_targets": sum(b.num_targets for b in sets.val),
+                "val_unigram_entropy": sets.entropy,
+                "ranks": world.size,
+            }
+            recorder.event("target_contract", json.dumps(contract))
+
+            recorder.start("setup", what="model, optimizer, data stream")
+            parts, _ = build_parts(recipe, store, world)
+            evaluator = EvalCallback(sets.val, recipe.eval, recipe.pack.attention, store.domains)
+            shift = None
+            if init is not None:
+                recorder.start("restore", what=f"initial weights of {init.run_id}")
+                load_checkpoint(init.checkpoint, parts.model)  # in place: the optimizer keeps it
+                shift = BeforeAfter(init, workspace, recipe)
+                shift.score(recorder, "before", parts.model, sets.val, store.domains)
+            train_run(
+                recorder,
+                recipe,
+                parts,
+                evaluator,
+                world,
+                started_at=started_at,
+                progress=progress,
+                checkpoints=(run_dir / "checkpoint", checkpoint_extra(run_id, recipe)),
+                test=sets.test,
+            )
+            continued = None
+            if shift is not None:
+                shift.score(recorder, "after", parts.model, None, store.domains)
+                recorder.stop()
+                continued = shift.report(recorder, evaluator.history[-1]["metrics"])
+        summary = ledger.run_summary(run_id)
+    finally:
+        ledger.close()
+    params = parts.model.num_params()
+    return RunResult(run_id, data, tokens, summary, sets.entropy, params, continued)
+
+
+def checkpoint_extra(run_id: str, recipe: Recipe) -> dict[str, Any]:
+    """What every checkpoint of the run records beside the training state."""
+    return {"run_id": run_id, "recipe_sha256": recipe.digest()}
+
+
+def follow(recipe: Recipe | None, workspace: Workspace, world: World) -> RunResult:
+    """A rank other than 0: wait for rank 0's handoff, then train and evaluate its share.
+
+    It writes nothing: the ledger, checkpoints and progress are rank 0's.
+    """
+    sent = world.broadcast_object(None)
+    if sent is None:
+        raise RuntimeError(f"rank {world.rank}: rank 0 failed before training (see its output)")
+    data = find_version(workspace, "data", sent["data"])
+    tokens = find_version(workspace, "tokens", sent["tokens"])
+    store = TokenStore(tokens.path)
+    resumed = None
+    if "checkpoint" in sent:
+        recipe = recipe_from_dict(sent["recipe"])
+        parts, saved = build_parts(recipe, store, world, Path(sent["checkpoint"]))
+        assert saved is not None
+        resumed = saved["trainer"]
+        evaluator: EvalCallback = ResumedEval(
+            *_eval_args(store, recipe), earlier=sent["earlier"], step=saved["step"]
+        )
+    else:
+        assert recipe is not None
+        parts, _ = build_parts(recipe, store, world)
+        evaluator = EvalCallback(*_eval_args(store, recipe))
+    trainer = build_trainer(
+        recipe, parts, evaluator, world, started_at=time.time(), resumed=resumed
+    )
+    trainer.fit()
+    return RunResult("", data, tokens, {}, math.nan, parts.model.num_params())
+
+
+def _eval_args(store: TokenStore, recipe: Recipe) -> tuple[Any, ...]:
+    return val_batches(store, recipe), recipe.eval, recipe.pack.attention, store.domains

@@ -9,11 +9,56 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+# A recipe's name becomes a folder (``runs/<name>-<UTC stamp>-<4 hex>``) and the prefix of
+# sweep and run ids: letters, digits, '-', '_' and '.', never starting with '.' or '-'.
+NAME_MAX = 100
+NAME_RULE = (
+    f"ASCII letters, digits, '-', '_' and '.' (a letter, digit or '_' first), at most {NAME_MAX} "
+    "characters"
+)
+_NAME = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9._-]{{0,{NAME_MAX - 1}}}")
+_NAME_CHAR = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def is_name(text: object) -> bool:
+    """Whether ``text`` may name a recipe, and so a run folder."""
+    return isinstance(text, str) and _NAME.fullmatch(text) is not None
+
+
+def name_problem(text: str) -> str | None:
+    """What keeps ``text`` from being a name (``NAME_RULE``), in a few words; None if it is."""
+    if is_name(text):
+        return None
+    if not text:
+        return "is empty"
+    if len(text) > NAME_MAX:
+        return f"is {len(text)} characters long"
+    if text[0] in ".-":
+        return f"starts with {text[0]!r}"
+    bad = _NAME_CHAR.search(text)
+    return f"has {bad.group()!r} in it" if bad else "is not a name"
+
+
+def shown(text: str, limit: int = 40) -> str:
+    """``text`` quoted on one line (control characters escaped), a long one cut."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 class RecipeError(ValueError):
@@ -21,7 +66,8 @@ class RecipeError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: inf, -inf and nan are refused in every float of the tree.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class BuiltinCorpusConfig(_Section):
@@ -44,6 +90,27 @@ class InputConfig(_Section):
     format: Literal["auto", "jsonl", "parquet", "text", "builtin"] = "auto"
     source: str | None = Field(None, description="Source name; default: from the path.")
     domain: str | None = Field(None, description="Domain for records that carry none.")
+
+
+# The union member of a source is picked by the input's shape, so a table's error names
+# its own key (``data.sources.0.bogus``) rather than "not a valid string".
+_SOURCE_TAGS = ("path", "table")
+
+
+def _source_kind(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "path"
+    return "table" if isinstance(value, dict | InputConfig) else None
+
+
+SourceSpec = Annotated[
+    Union[Annotated[str, Tag("path")], Annotated[InputConfig, Tag("table")]],  # noqa: UP007
+    Discriminator(
+        _source_kind,
+        custom_error_type="source",
+        custom_error_message="expected a path or a table {path = ...}",
+    ),
+]
 
 
 class TemplatesConfig(_Section):
@@ -122,7 +189,7 @@ class ContaminationConfig(_Section):
 class DataConfig(_Section):
     """The data stage: read, clean, deduplicate and split into a versioned dataset."""
 
-    sources: list[str | InputConfig] = Field(default_factory=lambda: ["builtin:stdlib"])
+    sources: list[SourceSpec] = Field(default_factory=lambda: ["builtin:stdlib"])
     builtin: BuiltinCorpusConfig = Field(default_factory=BuiltinCorpusConfig)
     templates: TemplatesConfig = Field(default_factory=TemplatesConfig)
     filters: FiltersConfig = Field(default_factory=FiltersConfig)
@@ -345,6 +412,17 @@ class Recipe(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
 
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_slug(cls, name: str) -> str:
+        if problem := name_problem(name):
+            raise PydanticCustomError(
+                "name",
+                "{name} {problem}: use {rule}",
+                {"name": shown(name), "problem": problem, "rule": NAME_RULE},
+            )
+        return name
+
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
@@ -385,9 +463,18 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 def _describe(err: ValidationError, origin: str) -> str:
     first = err.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "(recipe)"
+    loc = first["loc"]
+    # a source's union tag (right after its list index) is no key of the recipe
+    loc = [
+        p
+        for i, p in enumerate(loc)
+        if not (i and isinstance(loc[i - 1], int) and p in _SOURCE_TAGS)
+    ]
+    where = ".".join(str(p) for p in loc) or "(recipe)"
     if first["type"] == "extra_forbidden":
         return f"{origin}: unknown key '{where}'"
+    if first["type"] == "finite_number":
+        return f"{origin}: {where}: must be a finite number, got {first['input']!r}"
     return f"{origin}: {where}: {first['msg']}"
 
 
@@ -407,11 +494,19 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         tree = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise RecipeError(f"{path}: not valid TOML: {err}") from None
-    tree.setdefault("name", path.stem)
+    except OSError as err:
+        raise RecipeError(f"{path}: cannot read the recipe: {err.strerror or err}") from None
     origin = str(path)
     if overrides:
         tree = apply_overrides(tree, overrides)
         origin = f"{path} (with --set)"
+    if "name" not in tree:  # the file name, when it is a valid name
+        if problem := name_problem(path.stem):
+            raise RecipeError(
+                f"{path}: name: not set, and the file name {shown(path.stem)} {problem}: "
+                f'set name = "..." in the recipe ({NAME_RULE})'
+            )
+        tree["name"] = path.stem
     return recipe_from_dict(tree, origin)
 
 

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,6 +111,19 @@ class BuiltVersion:
     build_seconds: float | None = None  # what building it originally cost
 
 
+class AlreadyPublished(RuntimeError):
+    """The version was published (by another process) before this builder got the lock."""
+
+
+def _same_file(f: Any, path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(f.fileno())
+    return (own.st_dev, own.st_ino) == (st.st_dev, st.st_ino)
+
+
 class Workspace:
     """``data/<version>/``, ``tokens/<version>/``, ``runs/<run-id>/`` and ``ledger.db``."""
 
@@ -126,7 +139,7 @@ class Workspace:
     def version_dir(self, kind: str, version: str) -> Path:
         if kind not in self.KINDS:
             raise ValueError(f"unknown version kind {kind!r}")
-        return self.root / kind / version
+        return self._inside(kind, version, f"{kind} version")
 
     def has_version(self, kind: str, version: str) -> bool:
         """A version exists only once its manifest has been renamed into place."""
@@ -175,40 +188,86 @@ class Workspace:
         raise FileNotFoundError(f"{ref!r} matches {len(found)} {kind} versions: {', '.join(found)}")
 
     @contextmanager
-    def building(self, kind: str, version: str, resumable: bool = False) -> Iterator[Path]:
+    def building(
+        self,
+        kind: str,
+        version: str,
+        resumable: bool = False,
+        *,
+        progress: Any = None,
+        discard_on: tuple[type[BaseException], ...] = (),
+    ) -> Iterator[Path]:
         """Yield a private folder to build ``version`` in; publish it atomically on success.
+
+        An exclusive lock keeps two builders of the same version apart: a second builder
+        waits for the first (shown as a ``progress`` task, any object with the
+        ``ledgerlm.progress.Progress`` shape), and if the first published the version
+        meanwhile, raises ``AlreadyPublished`` before yielding, so the caller reuses it
+        instead of building again.
 
         By default the folder is removed on any error, so nothing half-written is left.
         With ``resumable`` the folder has a fixed hidden name and survives a failure or a
-        kill, so a rerun can skip the shards it already finished; an exclusive lock keeps
-        two builders of the same version apart. A half-built folder is never a version:
-        only the final rename (after the manifest is written) publishes it.
+        kill, so a rerun can skip the shards it already finished; an error that is an
+        instance of ``discard_on`` (bad input: a rerun of the same version would fail the
+        same way) removes it instead. A half-built folder is never a version: only the
+        final rename (after the manifest is written) publishes it.
         """
         final = self.version_dir(kind, version)
         final.parent.mkdir(parents=True, exist_ok=True)
-        if not resumable:
-            tmp = Path(tempfile.mkdtemp(prefix=f".building-{version}-", dir=final.parent))
+        with self._build_lock(kind, version, progress):
+            if self.has_version(kind, version):  # published while we waited
+                raise AlreadyPublished(f"{kind} version {version} already exists")
+            if not resumable:
+                tmp = Path(tempfile.mkdtemp(prefix=f".building-{version}-", dir=final.parent))
+                try:
+                    yield tmp
+                    self._publish(kind, version, tmp, final)
+                finally:
+                    if tmp.exists():
+                        shutil.rmtree(tmp, ignore_errors=True)
+                return
+            tmp = final.parent / f".building-{version}"
+            tmp.mkdir(exist_ok=True)
             try:
                 yield tmp
-                self._publish(kind, version, tmp, final)
-            finally:
-                if tmp.exists():
-                    shutil.rmtree(tmp, ignore_errors=True)
-            return
-        tmp = final.parent / f".building-{version}"
-        with open(final.parent / f".building-{version}.lock", "w") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise RuntimeError(
-                    f"{kind} version {version} is being built by another process"
-                ) from None
-            if self.has_version(kind, version):  # published while we waited
-                raise RuntimeError(f"{kind} version {version} already exists")
-            tmp.mkdir(exist_ok=True)
-            yield tmp
+            except discard_on:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
             self._publish(kind, version, tmp, final)
-        (final.parent / f".building-{version}.lock").unlink(missing_ok=True)
+
+    @contextmanager
+    def _build_lock(self, kind: str, version: str, progress: Any) -> Iterator[None]:
+        """Hold ``.building-<version>.lock`` exclusively, waiting for another holder.
+
+        The holder unlinks the file before it lets go, so a waiter that wakes up on a
+        file no longer at that path tries again on the new one: two processes never both
+        believe they hold the lock.
+        """
+        path = self.version_dir(kind, version).parent / f".building-{version}.lock"
+        with ExitStack() as waiting:
+            shown = False
+            while True:
+                lock = open(path, "a")  # noqa: SIM115 - closed below or on the next turn
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    if not shown and progress is not None:
+                        what = f"{kind}: waiting for another process building {version}"
+                        waiting.enter_context(progress.task(what))
+                        shown = True
+                    try:
+                        fcntl.flock(lock, fcntl.LOCK_EX)
+                    except BaseException:
+                        lock.close()
+                        raise
+                if _same_file(lock, path):
+                    break
+                lock.close()  # the previous holder removed that file: lock the current one
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)  # before unlocking, so no waiter keeps using it
+            lock.close()
 
     def _publish(self, kind: str, version: str, tmp: Path, final: Path) -> None:
         if not (tmp / BUILD_INFO).is_file():
@@ -222,5 +281,29 @@ class Workspace:
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
 
+    # Ids that name a folder: letters, digits, '-', '_', '.'; not '.' first; one component.
+    _ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.")
+    _ID_MAX = 255  # a file name's length limit on common file systems
+
+    def _inside(self, folder: str, name: str, what: str) -> Path:
+        """``root/folder/name``, refused (a one-line ValueError) unless ``name`` is a plain
+        id whose path, resolved, lies inside the resolved ``root/folder``: ``runs/``,
+        ``data/`` or ``tokens/`` may be a symlink to another disk; an id never leads out."""
+        if not (
+            isinstance(name, str)
+            and 0 < len(name) <= self._ID_MAX
+            and not name.startswith(".")
+            and self._ID_CHARS.issuperset(name)
+        ):
+            shown = repr(name if len(str(name)) <= 40 else f"{name[:40]}...")
+            raise ValueError(
+                f"{what} {shown} is not a valid id (letters, digits, '-', '_', '.'; "
+                f"not '.' first; at most {self._ID_MAX} characters)"
+            )
+        path = self.root / folder / name
+        if not path.resolve().is_relative_to((self.root / folder).resolve()):
+            raise ValueError(f"{what} {name!r}: {path} leads outside the workspace {self.root}")
+        return path
+
     def run_dir(self, run_id: str) -> Path:
-        return self.root / "runs" / run_id
+        return self._inside("runs", run_id, "run")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ledgerlm.cli.render import funnel_rows
@@ -24,6 +25,11 @@ from ledgerlm.data.pipeline import prepare_data
 from ledgerlm.workspace import Workspace
 
 app = typer.Typer(help="Build and inspect data versions.", no_args_is_help=True)
+
+
+def _cell(value):
+    """A table cell from a manifest: text escaped (rich reads markup in cells), None blank."""
+    return escape(value) if isinstance(value, str) else value
 
 
 @app.command("prepare")
@@ -53,8 +59,10 @@ def prepare(
     c = result.manifest["counts"]
     state = "reused" if result.reused else f"built in {result.seconds:.1f} s"
     console.print(
-        f"data version {result.version} ({state}): {c['records_in']:,} read, "
-        f"{c['kept']:,} kept -> {result.path}"
+        escape(
+            f"data version {result.version} ({state}): {c['records_in']:,} read, "
+            f"{c['kept']:,} kept -> {result.path}"
+        )
     )
 
 
@@ -72,12 +80,14 @@ def inspect(
         console.print_json(json.dumps(manifest))
         return
     c = manifest["counts"]
-    console.print(f"data version {manifest['version']}  ({c['conservation']})")
+    console.print(escape(f"data version {manifest['version']}  ({c['conservation']})"))
+    if c.get("duplicate_ids"):
+        console.print(f"duplicate ids: {c['duplicate_ids']:,} records repeat an earlier id (kept)")
     t = Table(show_edge=False)
     for col in ("step", "documents", "detail"):
         t.add_column(col, justify="right" if col == "documents" else "left")
     for step, n, detail in funnel_rows(manifest):
-        t.add_row(step, f"{n:,}", detail)
+        t.add_row(escape(step), f"{n:,}", escape(detail))
     console.print("[bold]funnel[/]")
     console.print(t)
     groups = next(s for s in manifest["steps"] if s["name"] == "filters")["groups"]
@@ -87,7 +97,7 @@ def inspect(
             g.add_column(col)
         for row in groups:
             if row["docs_dropped"]:
-                g.add_row(
+                cells = (
                     row["step"],
                     row["source"],
                     row["domain"],
@@ -97,6 +107,7 @@ def inspect(
                     f"{row['docs_dropped']:,}/{row['docs_seen']:,}",
                     ", ".join(f"{k} {v}" for k, v in row["reasons"].items()),
                 )
+                g.add_row(*(_cell(cell) for cell in cells))
         console.print("[bold]filters by group[/] (dropped / seen documents)")
         console.print(g)
     top = manifest["clusters"]["top"]
@@ -105,16 +116,20 @@ def inspect(
         for col in ("kept", "size", "members"):
             k.add_column(col)
         for cl in top:
-            k.add_row(cl["cluster_id"], str(cl["size"]), ", ".join(cl["members"]))
+            k.add_row(_cell(cl["cluster_id"]), str(cl["size"]), escape(", ".join(cl["members"])))
         console.print("[bold]largest duplicate clusters[/]")
         console.print(k)
     for f in next(s for s in manifest["steps"] if s["name"] == "contamination")["files"]:
         console.print(
-            f"contamination {f['eval_file']}: {f['contaminated']}/{f['examples']} "
-            f"examples ({f['contaminated_fraction']:.1%})"
+            escape(
+                f"contamination {f['eval_file']}: {f['contaminated']}/{f['examples']} "
+                f"examples ({f['contaminated_fraction']:.1%})"
+            )
         )
     for row in c["by_split_domain"]:
         console.print(
-            f"  {row['split']:>5} {row['domain']:<8} {row['documents']:>8,} docs "
-            f"{row['chars']:>13,} chars"
+            escape(
+                f"  {row['split']:>5} {row['domain']:<8} {row['documents']:>8,} docs "
+                f"{row['chars']:>13,} chars"
+            )
         )

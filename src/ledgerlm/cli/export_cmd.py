@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from ledgerlm.cli.ui import DEFAULT_WS, WorkspaceOpt, console, friendly_errors
 from ledgerlm.lab.export import export_run
@@ -26,4 +27,4 @@ def hf(
 ) -> None:
     """Write a Hugging Face LlamaForCausalLM folder (config, safetensors, tokenizer)."""
     out = export_run(Workspace(workspace), run, out_dir, force=force)
-    console.print(f"exported to {out} (load with transformers.AutoModelForCausalLM)")
+    console.print(f"exported to {escape(str(out))} (load with transformers.AutoModelForCausalLM)")

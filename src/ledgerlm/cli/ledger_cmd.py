@@ -7,6 +7,7 @@ import time
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ledgerlm.cli.render import (
@@ -21,6 +22,7 @@ from ledgerlm.cli.render import (
     test_line,
 )
 from ledgerlm.cli.ui import DEFAULT_WS, JsonOpt, WorkspaceOpt, console, friendly_errors
+from ledgerlm.lab.status import with_liveness
 from ledgerlm.ledger.store import Ledger
 from ledgerlm.workspace import Workspace
 
@@ -39,7 +41,7 @@ def _open(workspace) -> Ledger:
 def list_runs(workspace: WorkspaceOpt = DEFAULT_WS, as_json: JsonOpt = False) -> None:
     """List runs, newest first."""
     with _open(workspace) as ledger:
-        runs = ledger.list_runs()
+        runs = with_liveness(Workspace(workspace), ledger.list_runs())
     if as_json:
         console.print_json(json.dumps(runs))
         return
@@ -48,9 +50,11 @@ def list_runs(workspace: WorkspaceOpt = DEFAULT_WS, as_json: JsonOpt = False) ->
         t.add_column(col)
     for r in runs:
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"]))
-        t.add_row(
-            r["id"], created, r["status"], r["data_version"] or "-", r["tokens_version"] or "-"
-        )
+        status = r["status"]
+        if status == "interrupted" and r.get("last_seen"):
+            status += f" (last seen {time.strftime('%H:%M:%S', time.localtime(r['last_seen']))})"
+        cells = (r["id"], created, status, r["data_version"] or "-", r["tokens_version"] or "-")
+        t.add_row(*map(escape, cells))
     console.print(t)
 
 
@@ -64,13 +68,16 @@ def show(
     """Phases with seconds, counters, every evaluation and the time-to-target of one run."""
     with _open(workspace) as ledger:
         summary = ledger.run_summary(ledger.resolve_run(run))
+    (summary["run"],) = with_liveness(Workspace(workspace), [summary["run"]])
     if as_json:
         console.print_json(json.dumps(summary))
         return
     r = summary["run"]
     console.print(
-        f"run {r['id']}  status: {r['status']}  data {r['data_version']}  "
-        f"tokens {r['tokens_version']}"
+        escape(
+            f"run {r['id']}  status: {r['status']}  data {r['data_version']}  "
+            f"tokens {r['tokens_version']}"
+        )
     )
     console.print(counters_table(summary))
     console.print(evaluations_table(summary))
@@ -79,10 +86,10 @@ def show(
         console.print(line, highlight=False)
     if found := continued_rows(summary):
         console.print(continued_table(*found))
-    console.print(target_contract_line(summary))
+    console.print(escape(target_contract_line(summary)))
     if line := test_line(summary):
-        console.print(line)
-    console.print(target_line(summary))
+        console.print(escape(line))
+    console.print(escape(target_line(summary)))
 
 
 @app.command("compare")
@@ -101,8 +108,6 @@ def compare(
     the share of prep, tokenize, eval and checkpoint time; runs that differ only by
     train.seed as mean, min-max, std. The rule is printed with the table.
     """
-    from rich.markup import escape
-
     from ledgerlm.cli.ui import fmt_seconds
     from ledgerlm.ledger.compare import compare_runs
 
@@ -162,7 +167,7 @@ def compare(
             f"{s['max']:,.1f} s, std {num(s['std'], ',.1f')} s (n={s['n']})"
         )
         console.print(
-            f"seed group {g['group']}: {g['n']} runs, seeds "
+            f"seed group {escape(str(g['group']))}: {g['n']} runs, seeds "
             f"{escape(', '.join(map(str, g['seeds'])))}, reached {g['n_reached']}/{g['n']}; "
             f"{spread}",
             highlight=False,

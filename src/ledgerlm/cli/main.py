@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from ledgerlm.cli import config_cmd, data_cmd, export_cmd, ledger_cmd, report_cmd, scale_cmd
 from ledgerlm.cli.recipes import shipped_recipe
@@ -57,12 +58,12 @@ def _print_result(result: RunResult) -> None:
         console.print()
         console.print(continued_table(*found))
     console.print()
-    console.print(f"run {result.run_id}: {result.params:,} parameters")
-    console.print(target_contract_line(s))
+    console.print(f"run {escape(result.run_id)}: {result.params:,} parameters")
+    console.print(escape(target_contract_line(s)))
     if line := test_line(s):
-        console.print(line)
+        console.print(escape(line))
     reached = s["time_to_target"]["reached"]
-    console.print(f"[bold {'green' if reached else 'red'}]{target_line(s)}[/]")
+    console.print(f"[bold {'green' if reached else 'red'}]{escape(target_line(s))}[/]")
 
 
 def _run(recipe_path: Path, workspace: Path, overrides: list[str] | None) -> None:
@@ -124,8 +125,18 @@ def resume(
         str, typer.Argument(help="Run to continue: its id, a unique prefix, or latest.")
     ],
     workspace: WorkspaceOpt = DEFAULT_WS,
+    restart: Annotated[
+        bool,
+        typer.Option(
+            "--restart",
+            help="Train again from step 0 (same seed, same updates) instead of from the last "
+            "checkpoint: the only way on for a run that stopped before its first one. The "
+            "time already spent stays on the run's bill.",
+        ),
+    ] = False,
 ) -> None:
-    """Continue a killed or failed run from its last checkpoint, in the same ledger run.
+    """Continue a killed, failed or interrupted run from its last checkpoint, in the same
+    ledger run.
 
     A run saves a checkpoint every N updates under --set train.checkpoint_every=N.
 
@@ -136,10 +147,10 @@ def resume(
     """
     with distributed_world() as world:
         if not world.is_main:
-            resume_run(Workspace(workspace), run, world=world)
+            resume_run(Workspace(workspace), run, world=world, restart=restart)
             return
         with RichProgress() as progress:
-            result = resume_run(Workspace(workspace), run, progress, world)
+            result = resume_run(Workspace(workspace), run, progress, world, restart=restart)
     _print_result(result)
 
 

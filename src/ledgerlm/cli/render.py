@@ -1,10 +1,16 @@
-"""Rich tables for runs, built only from manifests and the ledger summary."""
+"""Rich tables for runs, built only from manifests and the ledger summary.
+
+Rich reads markup in table cells, titles and headers: every text that comes from a
+recipe, a data file or the ledger is passed through ``escape``, so a domain named
+``[/bold]`` prints as itself. The ``*_line`` functions return plain text; callers print
+them escaped."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from ledgerlm.cli.ui import fmt_seconds
@@ -56,19 +62,22 @@ def funnel_table(data_manifest: dict[str, Any], tokens_manifest: dict[str, Any])
     t.add_column("documents", justify="right")
     t.add_column("detail")
     for step, n, detail in funnel_rows(data_manifest):
-        t.add_row(step, f"{n:,}", detail)
+        t.add_row(escape(step), f"{n:,}", escape(detail))
     by_split: dict[str, list[int]] = {}
     for row in tokens_manifest["counts"]:
         acc = by_split.setdefault(row["split"], [0, 0])
         acc[0] += row["documents"]
         acc[1] += row["tokens"]
     for split, (docs, tokens) in by_split.items():
-        t.add_row(f"  {split}", f"{docs:,}", f"{tokens:,} tokens")
+        t.add_row(escape(f"  {split}"), f"{docs:,}", f"{tokens:,} tokens")
     tok = tokens_manifest["tokenizer"]
     t.add_row(
         "tokenizer",
         "",
-        f"{tok['type']}, vocab {tok['vocab_size']:,}, tokens version {tokens_manifest['version']}",
+        escape(
+            f"{tok['type']}, vocab {tok['vocab_size']:,}, "
+            f"tokens version {tokens_manifest['version']}"
+        ),
     )
     return t
 
@@ -83,7 +92,7 @@ def phase_table(summary: dict[str, Any]) -> Table:
     kinds = [k for k in PHASE_ORDER if k in totals] + [k for k in totals if k not in PHASE_ORDER]
     for kind in kinds:
         to_target = ttt.by_phase.get(kind)  # absent: the phase came after the target
-        t.add_row(kind, fmt_seconds(totals[kind]), fmt_seconds(to_target))
+        t.add_row(escape(kind), fmt_seconds(totals[kind]), fmt_seconds(to_target))
     t.add_row("[bold]all[/]", fmt_seconds(summary["total_seconds"]), fmt_seconds(ttt.seconds))
     return t
 
@@ -110,7 +119,7 @@ def counters_table(summary: dict[str, Any]) -> Table:
     t.add_column("counter")
     t.add_column("value", justify="right")
     for name, value in summary["counters"].items():
-        t.add_row(name, f"{value:,}")
+        t.add_row(escape(name), f"{value:,}")
     return t
 
 
@@ -119,7 +128,7 @@ def evaluations_table(summary: dict[str, Any], limit: int | None = None) -> Tabl
     names = sorted({k for e in evals for k in e["metrics"]}, key=lambda k: (k != "loss", k))
     t = Table(title="evaluations", show_edge=False)
     for col in ("step", "tokens", "snapshot", *names):
-        t.add_column(col, justify="right" if col != "snapshot" else "left")
+        t.add_column(escape(col), justify="right" if col != "snapshot" else "left")
     threshold = summary["run"]["target_value"]
     shown = evals if limit is None or len(evals) <= limit else evals[-limit:]
     for e in shown:
@@ -130,7 +139,7 @@ def evaluations_table(summary: dict[str, Any], limit: int | None = None) -> Tabl
             if n == summary["run"]["target_metric"] and v is not None and v <= threshold:
                 cell = f"[green]{cell}[/]"
             cells.append(cell)
-        t.add_row(str(e["step"]), f"{e['tokens']:,}", e["snapshot"][:10], *cells)
+        t.add_row(str(e["step"]), f"{e['tokens']:,}", escape(e["snapshot"][:10]), *cells)
     return t
 
 
@@ -164,7 +173,7 @@ def continued_rows(summary: dict[str, Any]) -> tuple[str, list[dict[str, Any]]] 
 
 
 def continued_table(init_from: str, rows: list[dict[str, Any]]) -> Table:
-    t = Table(title=f"continued pretraining from {init_from} (nat/token)", show_edge=False)
+    t = Table(title=f"continued pretraining from {escape(init_from)} (nat/token)", show_edge=False)
     for col in ("validation set", "domain", "before", "after", "change", "gain / forgetting"):
         t.add_column(col, justify="left" if col in ("validation set", "domain") else "right")
     for r in rows:
@@ -172,7 +181,12 @@ def continued_table(init_from: str, rows: list[dict[str, Any]]) -> Table:
         domain = "all" if r["domain"] == "*" else r["domain"]
         effect = f"{r['effect']} {r['amount']:+.4f}"
         t.add_row(
-            which, domain, f"{r['before']:.4f}", f"{r['after']:.4f}", f"{r['change']:+.4f}", effect
+            which,
+            escape(domain),
+            f"{r['before']:.4f}",
+            f"{r['after']:.4f}",
+            f"{r['change']:+.4f}",
+            escape(effect),
         )
     return t
 

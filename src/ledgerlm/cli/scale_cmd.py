@@ -199,7 +199,7 @@ def plan_cmd(
         }
         console.print_json(json.dumps(out))
         return
-    console.print(_plan_table(points, f"sweep plan: {_runs(len(points))} of {base.name}"))
+    console.print(_plan_table(points, f"sweep plan: {_runs(len(points))} of {escape(base.name)}"))
     for line in [_targets_line(points), *_rule_lines(base, points)]:
         console.print(escape(line), highlight=False, soft_wrap=True)
 
@@ -241,7 +241,8 @@ def run_cmd(
     ws = Workspace(workspace)
     if not as_json:
         console.print(
-            f"sweep {sweep_id}: {_runs(len(points))} of {escape(base.name)}, lr rule {lr_rule}",
+            f"sweep {escape(sweep_id)}: {_runs(len(points))} of {escape(base.name)}, "
+            f"lr rule {escape(lr_rule)}",
             highlight=False,
         )
     with RichProgress() as progress:
@@ -258,14 +259,16 @@ def run_cmd(
         }
         console.print_json(json.dumps(out))
         return
-    console.print(_points_table(found, f"sweep {sweep_id}"))
+    console.print(_points_table(found, f"sweep {escape(sweep_id)}"))
     for run_id, why in found.skipped:
         console.print(f"[red]no point from {escape(run_id)}: {escape(why)}[/]", highlight=False)
     if found.versions:
         data, tokens_version = found.versions[0]
-        console.print(f"one data version: data {data}, tokens {tokens_version}", highlight=False)
-    console.print(f"sweep {sweep_id}", highlight=False)
-    console.print(f"next: ledgerlm scale fit --sweep {sweep_id}", highlight=False)
+        console.print(
+            escape(f"one data version: data {data}, tokens {tokens_version}"), highlight=False
+        )
+    console.print(f"sweep {escape(sweep_id)}", highlight=False)
+    console.print(f"next: ledgerlm scale fit --sweep {escape(sweep_id)}", highlight=False)
 
 
 def _points_table(found, title: str) -> Table:

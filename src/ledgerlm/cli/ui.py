@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import os
+import sqlite3
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -11,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -43,7 +46,25 @@ SetOpt = Annotated[
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 
-USER_ERRORS = (RecipeError, DataError, LedgerError, FileNotFoundError, ValueError)
+# Faults a user can cause or meet (bad input, a full disk, a read-only folder, a diverged
+# loss) end in one line; LEDGERLM_TRACEBACK=1 shows the traceback instead.
+USER_ERRORS = (
+    RecipeError,
+    DataError,
+    LedgerError,
+    OSError,
+    ValueError,
+    sqlite3.Error,
+    FloatingPointError,  # train.loop.NonFiniteLossError: a loss that diverged
+)
+
+
+def error_line(exc: BaseException) -> str:
+    """One line for an expected error: an OSError as ``path: cause``."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    text = str(exc).strip() or type(exc).__name__
+    return " ".join(text.split())  # one line, whatever the message held
 
 
 def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -54,7 +75,11 @@ def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except USER_ERRORS as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            if os.environ.get("LEDGERLM_TRACEBACK"):
+                raise
+            err_console.print(
+                f"[bold red]error:[/] {escape(error_line(exc))}", highlight=False, soft_wrap=True
+            )
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             err_console.print("[bold red]interrupted[/]")
@@ -68,6 +93,8 @@ class _RichTask:
         self.progress, self.task_id = progress, task_id
 
     def advance(self, n: float = 1, **fields: Any) -> None:
+        if isinstance(fields.get("info"), str):  # shown as markup: may name a domain or a run
+            fields["info"] = escape(fields["info"])
         self.progress.update(self.task_id, advance=n, **fields)
 
 
@@ -95,7 +122,7 @@ class RichProgress:
 
     @contextmanager
     def task(self, description: str, total: float | None = None) -> Iterator[_RichTask]:
-        task_id = self._progress.add_task(description, total=total, info="")
+        task_id = self._progress.add_task(escape(description), total=total, info="")
         yield _RichTask(self._progress, task_id)
         if total is None:  # an open-ended task ends as a full bar
             done = next(t.completed for t in self._progress.tasks if t.id == task_id)

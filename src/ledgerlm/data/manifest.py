@@ -54,8 +54,12 @@ def build_manifest(
     contamination: dict[str, Any],
     files: list[dict[str, Any]],
     drops_path: Path,
+    duplicate_ids: int = 0,
 ) -> dict[str, Any]:
     records_in = sum(r["records_in"] for r in read)
+    # compressed bytes after the last point a damaged stream was read to (a read summary
+    # from a build started before this count existed has none)
+    unread_bytes = sum(r.get("unread_bytes", 0) for r in read)
     quarantined: Counter[str] = Counter()
     for r in read:
         quarantined.update(r["quarantined"])
@@ -143,6 +147,8 @@ def build_manifest(
             "dropped": dropped,
             "quarantined": n_quarantined,
             "quarantined_by_reason": dict(sorted(quarantined.items())),
+            "unread_bytes": unread_bytes,
+            "duplicate_ids": duplicate_ids,
             "conservation": f"{records_in} = {kept} kept + {n_dropped} dropped "
             f"+ {n_quarantined} quarantined",
             "by_split": by_split,

@@ -120,6 +120,7 @@ def _read(shard: Shard, cfg: DataConfig, work: Path) -> dict[str, Any]:
     return {
         "records_in": records_in,
         "quarantined": dict(Counter(q.reason for q in quarantined)),
+        "unread_bytes": sum(q.unread_bytes for q in quarantined),
         "lines": counter,
     }
 

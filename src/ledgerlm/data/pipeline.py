@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ledgerlm.config import DataConfig, InputConfig
@@ -60,6 +61,7 @@ from ledgerlm.workspace import (
     BUILD_INFO,
     MANIFEST,
     SCHEMA_VERSION,
+    AlreadyPublished,
     BuiltVersion,
     Workspace,
     atomic_write_json,
@@ -96,12 +98,29 @@ def _shards(cfg: DataConfig, base: Path) -> list[Shard]:
         raise DataError(str(err)) from None
 
 
+def check_inputs(cfg: DataConfig, base: Path | None = None) -> list[Shard]:
+    """Every input and evaluation file of ``cfg`` exists (a glob matches something).
+
+    Cheap (names and folder listings only, no file is read) and writes nothing, so a
+    caller can check a recipe before creating anything; raises ``DataError``, one line
+    naming the input. ``prepare_data`` makes the same check first.
+    """
+    base = base or Path.cwd()
+    shards = _shards(cfg, base)
+    for name in cfg.contamination.eval_files:
+        _shards(cfg.model_copy(update={"sources": [InputConfig(path=name)]}), base)
+    return shards
+
+
 def data_version(
     cfg: DataConfig, base: Path | None = None
 ) -> tuple[str, list[Shard], list[dict[str, Any]]]:
-    """The version id names the inputs' content hashes and every parameter."""
+    """The version id names the inputs' content hashes and every parameter.
+
+    Hashes every input byte; a missing input raises ``DataError`` before any is read.
+    """
     base = base or Path.cwd()
-    shards = _shards(cfg, base)
+    shards = check_inputs(cfg, base)
     inputs = [
         {
             "source": s.source,
@@ -129,61 +148,102 @@ def prepare_data(
     progress: Progress | None = None,
     base: Path | None = None,
 ) -> BuiltVersion:
-    """Build (or reuse, or resume) the data version for ``cfg``."""
+    """Build (or reuse, or resume) the data version for ``cfg``.
+
+    Missing inputs raise ``DataError`` before anything is written. Another process
+    building the same version is waited for (a progress task says so) and its version
+    reused. A build that fails on its input (``DataError``) removes its build folder;
+    an interrupted one keeps it, and the next build resumes from its finished shards.
+    """
     progress = progress or NullProgress()
     base = base or Path.cwd()
     start = time.perf_counter()
-    version, shards, inputs = data_version(cfg, base)
+    version, shards, inputs = data_version(cfg, base)  # checks the inputs first
     if reused := workspace.reuse("data", version, start):
         return reused
+    try:
+        with workspace.building(
+            "data", version, resumable=True, progress=progress, discard_on=(DataError,)
+        ) as out:
+            try:
+                _build(cfg, version, shards, inputs, base, out, progress, start)
+            except ReaderError as err:  # an input that changed or vanished since it was listed
+                raise DataError(str(err)) from None
+    except AlreadyPublished:
+        return workspace.reuse("data", version, start) or workspace.published(
+            "data", version, start
+        )
+    return workspace.published("data", version, start)
 
+
+def _build(
+    cfg: DataConfig,
+    version: str,
+    shards: list[Shard],
+    inputs: list[dict[str, Any]],
+    base: Path,
+    out: Path,
+    progress: Progress,
+    start: float,
+) -> None:
     def run(name: str, fn, jobs: list[tuple]) -> list[Any]:
         with progress.task(name, total=len(jobs)) as task:
             return map_shards(fn, jobs, cfg.executor, cfg.workers, lambda _: task.advance(1))
 
-    with workspace.building("data", version, resumable=True) as out:
-        work = out / "_work"
-        work.mkdir(exist_ok=True)
-        read = run("data: read", read_pass, [(s, cfg, str(work)) for s in shards])
-        templates: dict = {}
-        if cfg.templates.enabled:
-            counter = read[0]["lines"]
-            for r in read[1:]:
-                counter.merge(r["lines"])
-            templates = template_lines(counter, cfg.templates)
-        clean = run(
-            "data: clean", clean_pass, [(s.index, cfg, templates, str(work)) for s in shards]
-        )
-        with progress.task("data: dedup", total=1) as task:
-            decided = _decide(cfg, shards, clean, work)
-            task.advance(1)
-        evals = load_eval_sets(cfg.contamination, base, cfg.builtin, cfg.near_dedup)
-        eval_path = None
-        if evals:
-            eval_path = str(work / "eval-ngrams.npy")
-            np.save(eval_path, np.unique(np.concatenate([e.all_ngrams for e in evals])))
-        written = run(
-            "data: write",
-            write_pass,
-            [(s.index, cfg, str(work), str(out), eval_path) for s in shards],
-        )
-        files = _merge_outputs(shards, written, work, out)
-        manifest = build_manifest(
-            cfg=cfg,
-            version=version,
-            inputs=inputs,
-            read=read,
-            clean=clean,
-            decided=decided,
-            written=written,
-            contamination=_contamination(cfg, evals, shards, written, work),
-            files=files,
-            drops_path=out / "drops.parquet",
-        )
-        shutil.rmtree(work)
-        atomic_write_json(out / BUILD_INFO, {"build_seconds": time.perf_counter() - start})
-        atomic_write_json(out / MANIFEST, manifest)
-    return workspace.published("data", version, start)
+    work = out / "_work"
+    work.mkdir(exist_ok=True)
+    read = run("data: read", read_pass, [(s, cfg, str(work)) for s in shards])
+    templates: dict = {}
+    if cfg.templates.enabled:
+        counter = read[0]["lines"]
+        for r in read[1:]:
+            counter.merge(r["lines"])
+        templates = template_lines(counter, cfg.templates)
+    clean = run("data: clean", clean_pass, [(s.index, cfg, templates, str(work)) for s in shards])
+    with progress.task("data: dedup", total=1) as task:
+        decided = _decide(cfg, shards, clean, work)
+        task.advance(1)
+    evals = load_eval_sets(cfg.contamination, base, cfg.builtin, cfg.near_dedup)
+    eval_path = None
+    if evals:
+        eval_path = str(work / "eval-ngrams.npy")
+        np.save(eval_path, np.unique(np.concatenate([e.all_ngrams for e in evals])))
+    written = run(
+        "data: write",
+        write_pass,
+        [(s.index, cfg, str(work), str(out), eval_path) for s in shards],
+    )
+    files = _merge_outputs(shards, written, work, out)
+    manifest = build_manifest(
+        cfg=cfg,
+        version=version,
+        inputs=inputs,
+        read=read,
+        clean=clean,
+        decided=decided,
+        written=written,
+        contamination=_contamination(cfg, evals, shards, written, work),
+        files=files,
+        drops_path=out / "drops.parquet",
+        duplicate_ids=_duplicate_ids(shards, work),
+    )
+    shutil.rmtree(work)
+    atomic_write_json(out / BUILD_INFO, {"build_seconds": time.perf_counter() - start})
+    atomic_write_json(out / MANIFEST, manifest)
+
+
+def _duplicate_ids(shards: list[Shard], work: Path) -> int:
+    """Documents whose id an earlier document (of any source) already carries."""
+    ids = [
+        pq.read_table(work / f"read-{s.index}.parquet", columns=["id"]).column("id") for s in shards
+    ]
+    n = sum(len(c) for c in ids)
+    if not n:
+        return 0
+    distinct = pc.count_distinct(
+        pa.chunked_array([ch for c in ids for ch in c.chunks], pa.string())
+    )
+    return n - distinct.as_py()
 
 
 def _contamination(

@@ -7,18 +7,24 @@ pickles. Reading streams one line, record batch or file at a time, never a whole
 A record that cannot become a ``Document`` is not dropped: it comes out as a
 ``Quarantined`` value naming file, line and reason, in the position it had in the file.
 So every non-blank line (or row, or text file) yields exactly one output, and
-"records in = kept + dropped + quarantined" can be checked downstream.
+"records in = kept + dropped + quarantined" can be checked downstream. A file that
+cannot be read at all (a broken or looping symlink, a folder link cycle, no permission,
+not a Parquet file) is one quarantined record; a Parquet file without a ``text`` column
+quarantines each of its rows; a damaged compressed stream ends in one quarantined
+record that says how many compressed bytes were not read.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import errno
 import glob
 import hashlib
 import json
 import os
 import posixpath
+import stat
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -35,7 +41,7 @@ from ledgerlm.data.records import Document, ReadStats
 from ledgerlm.workspace import RecordHasher
 
 # Bump when reading rules change, so fingerprints (and caches keyed on them) expire.
-READER_FORMAT = 1
+READER_FORMAT = 2
 
 BUILTIN_STDLIB = "builtin:stdlib"
 TEXT_SUFFIXES = (".txt", ".md")
@@ -78,6 +84,9 @@ class Quarantined:
     line: int | None
     reason: str
     snippet: str
+    # compressed bytes after the last point a damaged stream was read to (not stored in
+    # quarantine.parquet: the snippet says it, the manifest sums it)
+    unread_bytes: int = 0
 
 
 QUARANTINE_SCHEMA = pa.schema(
@@ -177,7 +186,8 @@ def _matches(inp: InputConfig, base: Path) -> list[str]:
     if not _has_glob(inp.path):
         full = _absolute(inp.path, base)
         if not os.path.exists(full):
-            raise ReaderError(f"input '{inp.path}': no such file or folder")
+            why = _unreadable_cause(full) if os.path.islink(full) else "no such file or folder"
+            raise ReaderError(f"input '{inp.path}': {why}")
         return [full]
     found = glob.glob(inp.path, root_dir=base, recursive=True)
     if not found:
@@ -230,19 +240,59 @@ def _folder_shards(
 ) -> Iterator[Shard]:
     if inp.format not in ("auto", "text"):
         raise ReaderError(f"input '{inp.path}': '{folder}' is a folder, not a {inp.format} file")
-    files = _text_files(folder)
+    try:
+        files = _text_files(folder)
+    except OSError as err:
+        raise ReaderError(
+            f"input '{inp.path}': folder '{folder}' cannot be listed: {err.strerror or err}"
+        ) from None
     if not files:
         raise ReaderError(f"input '{inp.path}': folder '{folder}' has no .txt or .md file")
     yield from _text_shards(source, folder, files, inp.domain, base, per_shard)
 
 
 def _text_files(folder: str) -> list[str]:
-    """Relative POSIX paths in sorted order; symlinked folders are not followed (no loops)."""
+    """Relative POSIX paths of the text files under ``folder``, sorted.
+
+    Folder links are followed, except one back to a folder above it (a cycle): that
+    link is listed as a path of its own, like a broken link (looping or dangling,
+    whatever its name) and a subfolder that cannot be listed. Reading such a path
+    quarantines it with its cause, so nothing under the folder disappears silently and
+    no walk goes round forever. Raises ``OSError`` if ``folder`` itself cannot be listed.
+    """
     found: list[str] = []
-    for dirpath, _, filenames in os.walk(folder):
-        for name in filenames:
-            if name.lower().endswith(TEXT_SUFFIXES):
-                found.append(_posix(os.path.relpath(os.path.join(dirpath, name), folder)))
+    top = os.stat(folder)
+    stack = [(folder, "", frozenset({(top.st_dev, top.st_ino)}))]
+    while stack:
+        path, rel, above = stack.pop()
+        try:
+            with os.scandir(path) as it:
+                entries = list(it)
+        except OSError:
+            if not rel:
+                raise
+            found.append(rel)
+            continue
+        for entry in entries:
+            sub = f"{rel}/{entry.name}" if rel else entry.name
+            try:
+                is_dir = entry.is_dir()  # follows a link
+                key = None
+                if is_dir:
+                    st = entry.stat()
+                    key = (st.st_dev, st.st_ino)
+                elif entry.is_symlink():
+                    os.stat(entry.path)  # raises for a looping or dangling link
+            except OSError:
+                found.append(sub)
+                continue
+            if key is not None:
+                if key in above:
+                    found.append(sub)  # a link back to a folder above: a cycle
+                else:
+                    stack.append((entry.path, sub, above | {key}))
+            elif entry.name.lower().endswith(TEXT_SUFFIXES):
+                found.append(sub)
     return sorted(found)
 
 
@@ -288,6 +338,51 @@ def _label(shard: Shard) -> str:
     return shard.rel or shard.path
 
 
+class _Unreadable(Exception):
+    """A file that cannot be read at all; the message is the cause."""
+
+
+def _unreadable_cause(path: str, err: OSError | None = None) -> str:
+    """Why ``path`` cannot be read, naming the target of a broken link."""
+    if os.path.islink(path):
+        target = os.readlink(path)
+        try:
+            os.stat(path)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return f"symlink loop (-> {target})"
+            if e.errno == errno.ENOENT:
+                return f"dangling symlink (-> {target})"
+            return f"symlink (-> {target}): {e.strerror or e}"
+        if os.path.isdir(path):
+            return f"symlink cycle: folder link (-> {target}) back to a folder above it"
+    if os.path.isdir(path):
+        try:
+            os.listdir(path)
+        except OSError as e:
+            return f"folder cannot be listed: {e.strerror or e}"
+        return "is a folder"
+    if err is not None:
+        return err.strerror or str(err)
+    return "not a regular file"
+
+
+def _open_regular(path: str) -> BinaryIO:
+    """Open a regular file for reading; a FIFO or device would block or never end."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise _Unreadable(_unreadable_cause(path))
+        return open(path, "rb")
+    except OSError as err:
+        raise _Unreadable(_unreadable_cause(path, err)) from None
+
+
+def _unreadable(shard: Shard, line: int | None, err: _Unreadable | OSError) -> Quarantined:
+    cause = str(err) if isinstance(err, _Unreadable) else _unreadable_cause(shard.path, err)
+    return Quarantined(_label(shard), line, "unreadable", cause[:_SNIPPET_CHARS])
+
+
 def _id_prefix(shard: Shard) -> str:
     return f"{shard.source}:{shard.rel or os.path.basename(shard.path)}"
 
@@ -305,58 +400,106 @@ def _plain_chunks(raw: BinaryIO) -> Iterator[bytes]:
         yield chunk
 
 
-def _member_chunks(
-    raw: BinaryIO, new_decoder: Callable[[], Any], zero_padding: bool
-) -> Iterator[bytes]:
-    """Decompress member after member (gzip) or frame after frame (zstd) in small steps.
+class _Members:
+    """Decompress member after member (gzip) or frame after frame (zstd), as fed.
 
     Driving the decoders by hand, rather than through ``gzip.GzipFile`` or zstandard's
     stream reader, keeps every byte decoded before damage (GzipFile drops its partial
     read) and notices a stream that ends inside a frame (zstandard's reader does not).
     """
-    decoder, fed = new_decoder(), False
-    while data := raw.read(_COMPRESSED_READ_SIZE):
-        while data:
-            if not fed and zero_padding:  # gzip tolerates zero bytes between members
-                data = data.lstrip(b"\0")
-                if not data:
-                    break
-            out = decoder.decompress(data)
-            fed = True
-            if out:
-                yield out
-            if not decoder.eof:
-                break
-            data = decoder.unused_data
-            decoder, fed = new_decoder(), False
-    if fed:
-        raise _CorruptStream("compressed stream ends inside a frame")
 
-
-def _gzip_chunks(raw: BinaryIO) -> Iterator[bytes]:
-    try:
-        yield from _member_chunks(raw, lambda: zlib.decompressobj(16 + zlib.MAX_WBITS), True)
-    except zlib.error as err:
-        raise _CorruptStream(f"gzip: {err}") from err
-
-
-def _zstd_chunks(raw: BinaryIO) -> Iterator[bytes]:
-    dctx = zstandard.ZstdDecompressor()
-    try:
-        yield from _member_chunks(raw, dctx.decompressobj, False)
-    except zstandard.ZstdError as err:
-        raise _CorruptStream(f"zstd: {err}") from err
-
-
-def _decoded_chunks(path: str) -> Iterator[bytes]:
-    lower = path.lower()
-    with open(path, "rb") as raw:
-        if lower.endswith(".gz"):
-            yield from _gzip_chunks(raw)
-        elif lower.endswith((".zst", ".zstd")):
-            yield from _zstd_chunks(raw)
+    def __init__(self, codec: str) -> None:
+        self.codec = codec
+        if codec == "gzip":
+            self._new: Callable[[], Any] = lambda: zlib.decompressobj(16 + zlib.MAX_WBITS)
         else:
-            yield from _plain_chunks(raw)
+            self._new = zstandard.ZstdDecompressor().decompressobj
+        self._decoder, self._fed = self._new(), False
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        try:
+            while data:
+                if not self._fed and self.codec == "gzip":  # zero bytes between members
+                    data = data.lstrip(b"\0")
+                    if not data:
+                        break
+                out = self._decoder.decompress(data)
+                self._fed = True
+                if out:
+                    yield out
+                if not self._decoder.eof:
+                    break
+                data = self._decoder.unused_data
+                self._decoder, self._fed = self._new(), False
+        except (zlib.error, zstandard.ZstdError) as err:
+            raise _CorruptStream(f"{self.codec}: {err}") from err
+
+    def finish(self) -> None:
+        if self._fed:
+            raise _CorruptStream(f"{self.codec}: compressed stream ends inside a frame")
+
+
+def _codec(path: str) -> str | None:
+    lower = path.lower()
+    if lower.endswith(".gz"):
+        return "gzip"
+    if lower.endswith((".zst", ".zstd")):
+        return "zstd"
+    return None
+
+
+def _member_chunks(raw: BinaryIO, codec: str) -> Iterator[bytes]:
+    members = _Members(codec)
+    while data := raw.read(_COMPRESSED_READ_SIZE):  # small steps bound each output
+        yield from members.feed(data)
+    members.finish()
+
+
+def _decoded_chunks(raw: BinaryIO, path: str) -> Iterator[bytes]:
+    codec = _codec(path)
+    if codec is None:
+        yield from _plain_chunks(raw)
+    else:
+        yield from _member_chunks(raw, codec)
+
+
+def compressed_prefix(path: str, decoded: int) -> int:
+    """The fewest leading bytes of a compressed file that decode to ``decoded`` bytes.
+
+    After damage, the file size less this (for ``decoded`` = the bytes of the complete
+    lines read) is what the reader did not use. One pass finds the step in which the
+    output reaches ``decoded``; a second feeds that step byte by byte.
+    """
+    codec = _codec(path)
+    if codec is None:
+        return decoded  # not compressed: a byte is a byte
+    if decoded <= 0:
+        return 0
+    with open(path, "rb") as raw:
+        steps, total = 0, 0
+        members = _Members(codec)
+        try:
+            while total < decoded and (data := raw.read(_COMPRESSED_READ_SIZE)):
+                steps += 1
+                for out in members.feed(data):
+                    total += len(out)
+        except _CorruptStream:
+            pass
+        if total < decoded:  # cannot happen for what a reader decoded: all of it is used
+            return raw.tell()
+        raw.seek(0)
+        members, total = _Members(codec), 0
+        for _ in range(steps - 1):
+            for out in members.feed(raw.read(_COMPRESSED_READ_SIZE)):
+                total += len(out)
+        offset = raw.tell()
+        for byte in raw.read(_COMPRESSED_READ_SIZE):
+            if total >= decoded:
+                break
+            for out in members.feed(bytes((byte,))):
+                total += len(out)
+            offset += 1
+        return offset
 
 
 def _split_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
@@ -377,12 +520,22 @@ def _split_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
 
 def _read_jsonl(shard: Shard) -> Iterator[Document | Quarantined]:
     lineno = 0
+    used = 0  # decoded bytes of the complete lines read
     try:
-        for lineno, raw in enumerate(_split_lines(_decoded_chunks(shard.path)), start=1):
-            if raw.strip():
-                yield _jsonl_record(shard, lineno, raw)
+        with _open_regular(shard.path) as f:
+            for lineno, raw in enumerate(_split_lines(_decoded_chunks(f, shard.path)), start=1):
+                used += len(raw) + 1
+                if raw.strip():
+                    yield _jsonl_record(shard, lineno, raw)
     except _CorruptStream as err:
-        yield Quarantined(_label(shard), lineno + 1, "corrupt_stream", str(err)[:_SNIPPET_CHARS])
+        size = os.path.getsize(shard.path)
+        unread = size - compressed_prefix(shard.path, used)
+        detail = f"{unread} of {size} compressed bytes not read; {err}"
+        yield Quarantined(
+            _label(shard), lineno + 1, "corrupt_stream", detail[:_SNIPPET_CHARS], unread
+        )
+    except (_Unreadable, OSError) as err:
+        yield _unreadable(shard, lineno + 1 if lineno else None, err)
 
 
 def _jsonl_record(shard: Shard, lineno: int, raw: bytes) -> Document | Quarantined:
@@ -484,33 +637,39 @@ def _to_document(record: dict[str, Any], shard: Shard, default_id: str) -> Docum
     return doc
 
 
-def _open_parquet(shard: Shard, raw: BinaryIO) -> pq.ParquetFile:
-    try:
-        pf = pq.ParquetFile(raw)
-    except (pa.ArrowException, OSError) as err:
-        raise ReaderError(
-            f"input '{shard.source}': '{shard.path}' is not a readable Parquet file: {err}"
-        ) from None
-    if "text" not in pf.schema_arrow.names:
-        raise ReaderError(f"input '{shard.source}': '{shard.path}' has no 'text' column")
-    return pf
-
-
 def _read_parquet(shard: Shard) -> Iterator[Document | Quarantined]:
+    """Rows in order; a file that is not Parquet is one quarantined record, and each row
+    of a file without a ``text`` column is quarantined (``no_text_column``)."""
     row = 0
-    with open(shard.path, "rb") as raw:
-        pf = _open_parquet(shard, raw)
+    try:
+        raw = _open_regular(shard.path)
+    except _Unreadable as err:
+        yield _unreadable(shard, None, err)
+        return
+    with raw:
+        try:
+            pf = pq.ParquetFile(raw)
+        except (pa.ArrowException, OSError, ValueError) as err:
+            detail = f"not a readable Parquet file: {err}"[:_SNIPPET_CHARS]
+            yield Quarantined(_label(shard), None, "corrupt_stream", detail)
+            return
+        has_text = "text" in pf.schema_arrow.names
         try:
             for batch in pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS):
                 for record in batch.to_pylist():
                     row += 1
-                    yield _parquet_record(shard, row, record)
-        except (pa.ArrowException, OSError) as err:
+                    yield _parquet_record(shard, row, record, has_text)
+        except (pa.ArrowException, OSError, ValueError) as err:
             yield Quarantined(_label(shard), row + 1, "corrupt_stream", str(err)[:_SNIPPET_CHARS])
 
 
-def _parquet_record(shard: Shard, row: int, record: dict[str, Any]) -> Document | Quarantined:
-    result = _to_document(record, shard, f"{_id_prefix(shard)}:{row}")
+def _parquet_record(
+    shard: Shard, row: int, record: dict[str, Any], has_text: bool = True
+) -> Document | Quarantined:
+    if has_text:
+        result = _to_document(record, shard, f"{_id_prefix(shard)}:{row}")
+    else:
+        result = "no_text_column"
     if isinstance(result, str):
         shown = json.dumps(record, ensure_ascii=False, default=str)[:_SNIPPET_CHARS]
         return Quarantined(_label(shard), row, result, shown)
@@ -519,8 +678,14 @@ def _parquet_record(shard: Shard, row: int, record: dict[str, Any]) -> Document 
 
 def _read_text(shard: Shard) -> Iterator[Document | Quarantined]:
     for rel in shard.files:
-        data = Path(shard.path, rel).read_bytes()
         label = posixpath.normpath(f"{_label(shard)}/{rel}")
+        try:
+            with _open_regular(os.path.join(shard.path, rel)) as f:
+                data = f.read()
+        except (_Unreadable, OSError) as err:
+            cause = str(err) if isinstance(err, _Unreadable) else (err.strerror or str(err))
+            yield Quarantined(label, None, "unreadable", cause[:_SNIPPET_CHARS])
+            continue
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
@@ -536,10 +701,16 @@ def _read_text(shard: Shard) -> Iterator[Document | Quarantined]:
 
 
 def _file_digest(path: str) -> str:
+    """The bytes' sha256; for a path that cannot be read, a hash of why (which is what
+    reading it yields: one quarantined record saying so)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_READ_SIZE):
-            h.update(chunk)
+    try:
+        with _open_regular(path) as f:
+            while chunk := f.read(_READ_SIZE):
+                h.update(chunk)
+    except (_Unreadable, OSError) as err:
+        cause = str(err) if isinstance(err, _Unreadable) else (err.strerror or str(err))
+        return hashlib.sha256(f"unreadable:{cause}".encode()).hexdigest()
     return h.hexdigest()
 
 

@@ -25,6 +25,7 @@ from ledgerlm.lab.run import (
     eval_sets,
     failing,
     follow,
+    prepare_versions,
     run_lock,
     train_run,
 )
@@ -47,11 +48,15 @@ def resume_run(
     run_ref: str,
     progress: Progress | None = None,
     world: World | None = None,
+    restart: bool = False,
 ) -> RunResult:
     """Continue a killed or failed run from its last checkpoint, in the same ledger run.
 
-    Evaluations the run already recorded stay; a step evaluated again after the
-    restore reuses its row when the weights digest matches (see ``ResumedEval``).
+    With ``restart`` (the only way for a run that stopped before its first checkpoint)
+    it trains again from step 0, from the same seed, so it makes the same updates; the
+    time already spent stays on the bill. Evaluations the run already recorded stay; a
+    step evaluated again reuses its row when the weights digest matches (see
+    ``ResumedEval``).
     """
     progress = progress or NullProgress()
     world = world or World()
@@ -71,10 +76,12 @@ def resume_run(
                 raise LedgerError(f"run {run_id} has finished ({run['status']}); nothing to resume")
             run_dir = workspace.run_dir(run_id)
             folder = run_dir / "checkpoint"
-            if not (resolve_checkpoint(folder) / STATE).is_file():
+            if not restart and not (resolve_checkpoint(folder) / STATE).is_file():
                 raise LedgerError(
-                    f"run {run_id} left no checkpoint to resume from "
-                    "(train.checkpoint_every = N saves one every N updates)"
+                    f"run {run_id} stopped before its first checkpoint "
+                    "(train.checkpoint_every = N saves one every N updates): it can only "
+                    f"restart from step 0, in the same ledger run: ledgerlm resume {run_id} "
+                    "--restart"
                 )
         recorder = LedgerRecorder(ledger, run_id)
         with handoff.guard(), run_lock(run_dir):
@@ -89,27 +96,30 @@ def resume_run(
             # the kill and this resume.
             started_at = time.time() - ledger.run_summary(run_id)["total_seconds"]
             with failing(recorder):
-                ph = recorder.start("restore", resume=True)
+                ph = recorder.start("restore", resume=True, restart=restart)
                 recipe = load_recipe(run_dir / "recipe.toml")
                 recorder.flush_every = max(1, recipe.eval.every_steps)
                 check_contract(recipe, world)
-                data = find_version(workspace, "data", run["data_version"])
-                tokens = find_version(workspace, "tokens", run["tokens_version"])
+                if run["tokens_version"] is None and restart:  # it died before tokens
+                    data, tokens, store = prepare_versions(recorder, recipe, workspace, progress)
+                else:
+                    data = find_version(workspace, "data", run["data_version"])
+                    tokens = find_version(workspace, "tokens", run["tokens_version"])
+                    store = TokenStore(tokens.path)
                 handoff.send(
                     {
                         "data": data.version,
                         "tokens": tokens.version,
                         "recipe": recipe.to_dict(),
-                        "checkpoint": str(folder),
+                        "checkpoint": None if restart else str(folder),
                         "earlier": _earlier(before),
                     }
                 )
-                store = TokenStore(tokens.path)
-                parts, saved = build_parts(recipe, store, world, folder)
-                assert saved is not None
-                ph.step_end = saved["step"]
-                ph.detail.update(step=saved["step"], cursor=saved["data"]["cursor"])
-                recorder.event("resume", f"from step {saved['step']}", step=saved["step"])
+                parts, saved = build_parts(recipe, store, world, None if restart else folder)
+                step = saved["step"] if saved else 0
+                ph.step_end = step
+                ph.detail.update(step=step, cursor=saved["data"]["cursor"] if saved else None)
+                recorder.event("resume", f"{'restart' if restart else 'from'} step {step}", step)
 
                 sets = eval_sets(recorder, store, recipe)
                 evaluator = ResumedEval(
@@ -118,7 +128,7 @@ def resume_run(
                     recipe.pack.attention,
                     store.domains,
                     earlier=_earlier(before),
-                    step=saved["step"],
+                    step=step,
                 )
                 train_run(
                     recorder,
@@ -130,7 +140,7 @@ def resume_run(
                     progress=progress,
                     checkpoints=(folder, checkpoint_extra(run_id, recipe)),
                     test=sets.test,
-                    resumed=saved["trainer"],
+                    resumed=saved["trainer"] if saved else None,
                 )
         summary = ledger.run_summary(run_id)
     finally:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ledgerlm.config import Recipe, recipe_from_dict, recipe_to_toml
-from ledgerlm.data.pipeline import prepare_data
+from ledgerlm.data.pipeline import check_inputs, prepare_data
 from ledgerlm.lab.build import Parts, build_parts, build_trainer, val_batches
 from ledgerlm.lab.continued import BeforeAfter, find_version, init_source
 from ledgerlm.lab.recorder import LedgerRecorder
@@ -201,7 +201,7 @@ def _test_once(
     recorder.event("test_evaluation", json.dumps(record), step=step)
 
 
-def _prepare(
+def prepare_versions(
     recorder: LedgerRecorder, recipe: Recipe, workspace: Workspace, progress: Progress
 ) -> tuple[BuiltVersion, BuiltVersion, TokenStore]:
     """The data and tokens versions (built or reused), as ``prep`` and ``tokenize``."""
@@ -233,8 +233,10 @@ def run_recipe(
     if not world.is_main:
         return follow(recipe, workspace, world)
     handoff = Handoff(world)
-    check_contract(recipe, world)
-    ledger = Ledger(workspace.ledger_path)
+    with handoff.guard():
+        check_contract(recipe, world)
+        check_inputs(recipe.data)  # a missing input writes nothing, not even the ledger
+        ledger = Ledger(workspace.ledger_path)
     init = None
     if recipe.train.init_from:
         try:
@@ -257,7 +259,7 @@ def run_recipe(
     try:
         with handoff.guard(), failing(recorder), run_lock(run_dir):
             atomic_write_text(run_dir / "recipe.toml", recipe_to_toml(recipe))
-            data, tokens, store = _prepare(recorder, recipe, workspace, progress)
+            data, tokens, store = prepare_versions(recorder, recipe, workspace, progress)
             handoff.send({"data": data.version, "tokens": tokens.version, "world": world.size})
 
             sets = eval_sets(recorder, store, recipe)
@@ -318,13 +320,13 @@ def follow(recipe: Recipe | None, workspace: Workspace, world: World) -> RunResu
     tokens = find_version(workspace, "tokens", sent["tokens"])
     store = TokenStore(tokens.path)
     resumed = None
-    if "checkpoint" in sent:
+    if "earlier" in sent:  # a resume (from a checkpoint) or a restart (from step 0)
         recipe = recipe_from_dict(sent["recipe"])
-        parts, saved = build_parts(recipe, store, world, Path(sent["checkpoint"]))
-        assert saved is not None
-        resumed = saved["trainer"]
+        folder = sent["checkpoint"] and Path(sent["checkpoint"])
+        parts, saved = build_parts(recipe, store, world, folder or None)
+        resumed = saved["trainer"] if saved else None
         evaluator: EvalCallback = ResumedEval(
-            *_eval_args(store, recipe), earlier=sent["earlier"], step=saved["step"]
+            *_eval_args(store, recipe), earlier=sent["earlier"], step=saved["step"] if saved else 0
         )
     else:
         assert recipe is not None

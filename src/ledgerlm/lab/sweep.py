@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ledgerlm.config import Recipe
+from ledgerlm.config import NAME_MAX, NAME_RULE, Recipe, is_name, shown
 from ledgerlm.ledger.store import Ledger, LedgerError
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.scaling.sweep import (
@@ -84,8 +84,17 @@ def run_sweep(
 
     progress = progress or NullProgress()
     sweep_id = sweep_id or new_sweep_id(base)
-    if not SWEEP_ID.fullmatch(sweep_id):
-        raise SweepError(f"sweep id {sweep_id!r}: expected <name>-sweep-<6 hex digits>")
+    # every run is named <sweep id>-<point>, a recipe name like any other
+    if too_long := [p.name for p in points if len(f"{sweep_id}-{p.name}") > NAME_MAX]:
+        raise SweepError(
+            f"sweep id {shown(sweep_id)}: the name of its run <sweep id>-{too_long[0]} would be "
+            f"over {NAME_MAX} characters; shorten the recipe's name"
+        )
+    if not (SWEEP_ID.fullmatch(sweep_id) and is_name(sweep_id)):
+        raise SweepError(
+            f"sweep id {shown(sweep_id)}: expected <name>-sweep-<6 hex digits>, a name of "
+            f"{NAME_RULE}"
+        )
     recipes = [p.recipe(base, f"{sweep_id}-{p.name}") for p in points]
     if not recipes:
         raise SweepError("an empty sweep: plan at least one point")

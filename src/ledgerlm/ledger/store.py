@@ -118,11 +118,15 @@ class Ledger:
         # Autocommit mode: single statements commit at once, multi-statement writes use
         # an explicit BEGIN IMMEDIATE so they take the write lock up front.
         self._conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        self._conn.row_factory = sqlite3.Row
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.execute("PRAGMA foreign_keys=ON")
-        self._init_schema()
+        try:
+            self._conn.row_factory = sqlite3.Row
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.execute("PRAGMA foreign_keys=ON")
+            self._init_schema()
+        except sqlite3.Error as exc:  # read-only, full, locked too long, not a database
+            self._conn.close()
+            raise LedgerError(f"{self.path}: cannot open the ledger for writing ({exc})") from None
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -250,9 +254,13 @@ class Ledger:
         self._conn.execute("UPDATE runs SET status = ? WHERE id = ?", (status, run_id))
 
     def list_runs(self) -> list[dict]:
+        """Runs, newest first; ``last_seen`` is the latest time any phase of the run
+        started, ended or beat (when its process was last known alive)."""
         rows = self._conn.execute(
-            "SELECT id, name, created_at, status, data_version, tokens_version FROM runs"
-            " ORDER BY created_at DESC, rowid DESC"
+            "SELECT id, name, created_at, status, data_version, tokens_version,"
+            " (SELECT MAX(MAX(started_at, COALESCE(ended_at, 0), COALESCE(beat_at, 0)))"
+            "  FROM phases WHERE phases.run_id = runs.id) AS last_seen"
+            " FROM runs ORDER BY created_at DESC, rowid DESC"
         ).fetchall()
         return [dict(row) for row in rows]
 

@@ -26,6 +26,7 @@ from ledgerlm.workspace import (
     BUILD_INFO,
     MANIFEST,
     SCHEMA_VERSION,
+    AlreadyPublished,
     BuiltVersion,
     Workspace,
     atomic_write_json,
@@ -58,7 +59,9 @@ def build_tokens(
     progress: Progress | None = None,
 ) -> BuiltVersion:
     """Train the tokenizer on the train split only (or reuse another token version's,
-    ``cfg.reuse``), then encode every split (train, val, test) shard by shard."""
+    ``cfg.reuse``), then encode every split (train, val, test) shard by shard.
+
+    Another process building the same version is waited for, and its version reused."""
     progress = progress or NullProgress()
     start = time.perf_counter()
     version = tokens_version(data.version, cfg)
@@ -71,97 +74,113 @@ def build_tokens(
             raise FileNotFoundError(
                 f"tokenizer.reuse = {cfg.reuse!r}: no such tokens version in {workspace.root}"
             )
+    try:
+        with workspace.building("tokens", version, progress=progress) as tmp:
+            _build(data, cfg, version, source, tmp, progress, start)
+    except AlreadyPublished:  # another process built it while this one waited
+        return workspace.reuse("tokens", version, start) or workspace.published(
+            "tokens", version, start
+        )
+    return workspace.published("tokens", version, start)
 
+
+def _build(
+    data: BuiltVersion,
+    cfg: TokenizerConfig,
+    version: str,
+    source: BuiltVersion | None,
+    tmp: Path,
+    progress: Progress,
+    start: float,
+) -> None:
     def train_texts():
         for table in iter_split(data.path, data.manifest, "train"):
             yield from table.column("text").to_pylist()
 
-    with workspace.building("tokens", version) as tmp:
-        if source is not None:
-            tok = load_tokenizer(source.path / "tokenizer.json")
-        else:
-            with progress.task("tokens: train BPE") as task:
-                tok = train_tokenizer(train_texts(), cfg)
-                task.advance(1)
-        tok.save(str(tmp / "tokenizer.json"))
-        vocab = tok.get_vocab_size()
-        dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.uint32
+    if source is not None:
+        tok = load_tokenizer(source.path / "tokenizer.json")
+    else:
+        with progress.task("tokens: train BPE") as task:
+            tok = train_tokenizer(train_texts(), cfg)
+            task.advance(1)
+    tok.save(str(tmp / "tokenizer.json"))
+    vocab = tok.get_vocab_size()
+    dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.uint32
 
-        index_rows: list[dict[str, Any]] = []
-        files, counts = [], []
-        total_docs = data.manifest["counts"]["kept"]
-        with progress.task("tokens: encode", total=total_docs) as task:
-            for split in SPLITS:
-                shard = f"{split}.bin"
-                offset = 0
-                per_domain: dict[str, list[int]] = {}
-                with open(tmp / shard, "wb") as out:
-                    for table in iter_split(data.path, data.manifest, split):
-                        texts = table.column("text").to_pylist()
-                        encodings = tok.encode_batch(texts, add_special_tokens=False)
-                        weights = (
-                            table.column("weight").to_pylist()
-                            if "weight" in table.column_names
-                            else [1.0] * len(texts)
+    index_rows: list[dict[str, Any]] = []
+    files, counts = [], []
+    total_docs = data.manifest["counts"]["kept"]
+    with progress.task("tokens: encode", total=total_docs) as task:
+        for split in SPLITS:
+            shard = f"{split}.bin"
+            offset = 0
+            per_domain: dict[str, list[int]] = {}
+            with open(tmp / shard, "wb") as out:
+                for table in iter_split(data.path, data.manifest, split):
+                    texts = table.column("text").to_pylist()
+                    encodings = tok.encode_batch(texts, add_special_tokens=False)
+                    weights = (
+                        table.column("weight").to_pylist()
+                        if "weight" in table.column_names
+                        else [1.0] * len(texts)
+                    )
+                    for doc_id, domain, weight, enc in zip(
+                        table.column("id").to_pylist(),
+                        table.column("domain").to_pylist(),
+                        weights,
+                        encodings,
+                        strict=True,
+                    ):
+                        ids = np.asarray(enc.ids, dtype=dtype)
+                        out.write(ids.tobytes())
+                        index_rows.append(
+                            {
+                                "doc_id": doc_id,
+                                "domain": domain,
+                                "split": split,
+                                "shard": shard,
+                                "offset": offset,
+                                "length": len(ids),
+                                "weight": weight,
+                            }
                         )
-                        for doc_id, domain, weight, enc in zip(
-                            table.column("id").to_pylist(),
-                            table.column("domain").to_pylist(),
-                            weights,
-                            encodings,
-                            strict=True,
-                        ):
-                            ids = np.asarray(enc.ids, dtype=dtype)
-                            out.write(ids.tobytes())
-                            index_rows.append(
-                                {
-                                    "doc_id": doc_id,
-                                    "domain": domain,
-                                    "split": split,
-                                    "shard": shard,
-                                    "offset": offset,
-                                    "length": len(ids),
-                                    "weight": weight,
-                                }
-                            )
-                            offset += len(ids)
-                            stat = per_domain.setdefault(domain, [0, 0])
-                            stat[0] += 1
-                            stat[1] += len(ids)
-                        task.advance(len(texts))
-                files.append(
-                    {
-                        "path": shard,
-                        "split": split,
-                        "tokens": offset,
-                        "sha256": file_sha256(tmp / shard),
-                    }
-                )
-                counts += [
-                    {"split": split, "domain": d, "documents": n, "tokens": t}
-                    for d, (n, t) in sorted(per_domain.items())
-                ]
-        pq.write_table(pa.Table.from_pylist(index_rows, schema=INDEX_SCHEMA), tmp / "index.parquet")
-        manifest = {
-            "schema_version": SCHEMA_VERSION,
-            "kind": "tokens",
-            "version": version,
-            "data_version": data.version,
-            "tokenizer": {
-                "type": "byte-level BPE (huggingface tokenizers)",
-                "config": cfg.model_dump(mode="json"),
-                "vocab_size": vocab,
-                "special": special_ids(tok),
-                "trained_on": f"tokens version {cfg.reuse}" if cfg.reuse else "train split only",
-                "sha256": file_sha256(tmp / "tokenizer.json"),
-            },
-            "dtype": np.dtype(dtype).name,
-            "files": files,
-            "counts": counts,
-        }
-        atomic_write_json(tmp / BUILD_INFO, {"build_seconds": time.perf_counter() - start})
-        atomic_write_json(tmp / MANIFEST, manifest)
-    return workspace.published("tokens", version, start)
+                        offset += len(ids)
+                        stat = per_domain.setdefault(domain, [0, 0])
+                        stat[0] += 1
+                        stat[1] += len(ids)
+                    task.advance(len(texts))
+            files.append(
+                {
+                    "path": shard,
+                    "split": split,
+                    "tokens": offset,
+                    "sha256": file_sha256(tmp / shard),
+                }
+            )
+            counts += [
+                {"split": split, "domain": d, "documents": n, "tokens": t}
+                for d, (n, t) in sorted(per_domain.items())
+            ]
+    pq.write_table(pa.Table.from_pylist(index_rows, schema=INDEX_SCHEMA), tmp / "index.parquet")
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "tokens",
+        "version": version,
+        "data_version": data.version,
+        "tokenizer": {
+            "type": "byte-level BPE (huggingface tokenizers)",
+            "config": cfg.model_dump(mode="json"),
+            "vocab_size": vocab,
+            "special": special_ids(tok),
+            "trained_on": f"tokens version {cfg.reuse}" if cfg.reuse else "train split only",
+            "sha256": file_sha256(tmp / "tokenizer.json"),
+        },
+        "dtype": np.dtype(dtype).name,
+        "files": files,
+        "counts": counts,
+    }
+    atomic_write_json(tmp / BUILD_INFO, {"build_seconds": time.perf_counter() - start})
+    atomic_write_json(tmp / MANIFEST, manifest)
 
 
 class TokenStore:

@@ -19,12 +19,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ledgerlm.train.optim import MultiOptimizer, Optimizer
@@ -34,6 +36,23 @@ WEIGHTS = "model.safetensors"
 TENSORS = "state.safetensors"
 STATE = "state.json"
 RNG_KEY = "rng/torch_cpu"
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a file-size limit, no permission);
+    the previous checkpoint, if any, is intact. The message is one line."""
+
+
+def _cause(exc: BaseException) -> str:
+    """The operating system's words for a failed write, from an OSError or from the
+    Rust I/O error safetensors wraps (``... message: "No space left on device" ...``)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = str(exc)
+    found = re.search(r'message: "([^"]+)"', text) or re.search(
+        r"error: ([^:(]+?) \(os error", text
+    )
+    return found.group(1) if found else (text.strip().splitlines() or [repr(exc)])[0]
 
 
 def _json_sha256(state: dict[str, Any]) -> str:
@@ -132,8 +151,25 @@ def save_checkpoint(
     optimizer: Optimizer | None = None,
 ) -> Path:
     """Write weights, optimizer state, RNG state and ``state`` into a temporary folder,
-    then rename it to ``folder`` (see the module doc for the crash-safe replacement)."""
+    then rename it to ``folder`` (see the module doc for the crash-safe replacement).
+
+    A write that fails (full disk, file-size limit) raises ``CheckpointWriteError``
+    naming the folder and the cause; nothing of the new checkpoint is left, and the
+    previous one stays where it was."""
     folder = Path(folder)
+    try:
+        return _save(folder, model, state, optimizer)
+    except (OSError, SafetensorError) as exc:
+        step = state.get("step")
+        at = f" at step {step}" if step is not None else ""
+        raise CheckpointWriteError(
+            f"{folder}: checkpoint{at} not written ({_cause(exc)}); the previous one is intact"
+        ) from exc
+
+
+def _save(
+    folder: Path, model: torch.nn.Module, state: dict[str, Any], optimizer: Optimizer | None
+) -> Path:
     folder.parent.mkdir(parents=True, exist_ok=True)
     for stale in folder.parent.glob(f".{folder.name}.tmp-*"):  # left by a killed save
         shutil.rmtree(stale, ignore_errors=True)

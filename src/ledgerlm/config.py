@@ -333,6 +333,14 @@ class TrainConfig(_Section):
         "fp32", description="bf16: forward and backward under bf16 autocast; weights stay fp32."
     )
     compile: bool = Field(False, description="Run the model through torch.compile.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where to train: auto = CUDA when present, else the CPU."
+    )
+    parallel: Literal["auto", "ddp", "none"] = Field(
+        "auto",
+        description="Data parallelism under torchrun: ddp = DistributedDataParallel summing "
+        "gradients over ranks; auto = ddp under torchrun, none in one process.",
+    )
     checkpoint_every: int = Field(
         0, ge=0, description="Save a resumable checkpoint every N updates; 0 = only at the end."
     )

@@ -83,3 +83,28 @@ def test_tied_embeddings_share_storage_and_count_once():
     tied, untied = _model(tie_embeddings=True), _model(tie_embeddings=False)
     assert tied.lm_head.weight is tied.embed.weight
     assert untied.num_params() - tied.num_params() == V * CFG.d_model
+
+
+def test_a_model_built_on_meta_has_the_eager_weights():
+    """Built without memory (``device="meta"``), then materialized: exactly the weights of
+    a model built directly, tied weights tied again; each matrix from its own generator,
+    so drawing another parameter first changes nothing."""
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=2)
+    torch.manual_seed(3)
+    eager = GPT(cfg, 50)
+    torch.manual_seed(3)
+    lazy = GPT(cfg, 50, device="meta")
+    assert all(p.is_meta for p in lazy.parameters())
+    lazy.materialize("cpu")
+    assert lazy.lm_head.weight is lazy.embed.weight
+    assert eager.state_dict().keys() == lazy.state_dict().keys()
+    for name, t in eager.state_dict().items():
+        assert torch.equal(t, lazy.state_dict()[name]), name
+    torch.manual_seed(4)
+    other = GPT(cfg, 50)
+    assert not torch.equal(other.embed.weight, eager.embed.weight)  # the seed matters
+    assert torch.equal(other.norm.weight, torch.ones(32))
+    # depth-scaled residual projections
+    attn = eager.blocks[0].attn
+    ratio = attn.wo.weight.detach().std() / attn.wq.weight.detach().std()
+    assert float(ratio) == pytest.approx(1 / 2, rel=0.1)

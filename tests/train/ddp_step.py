@@ -42,9 +42,11 @@ def main() -> None:
     ap.add_argument("--rows", type=int, required=True)
     ap.add_argument("--objective", default="token_mean")
     ap.add_argument("--empty-rows", default="exclude")
+    ap.add_argument("--parallel", default="auto")
     args = ap.parse_args()
     torch.set_num_threads(1)
     with distributed_world() as world:
+        world = world.placed("cpu", args.parallel)
         torch.manual_seed(0)
         model = GPT(ModelConfig(d_model=16, n_layers=2, n_heads=2), 40).double()
         cfg = TrainConfig(

@@ -55,7 +55,7 @@ def build_parts(
     the start or from the checkpoint's cursor. Returns the checkpoint's JSON state too."""
     determinism(recipe.train)
     t = recipe.train
-    model = GPT(recipe.model, store.vocab_size)
+    model = GPT(recipe.model, store.vocab_size, device=world.device)
     optimizer = build_optimizer(model, t)
     saved = None
     if checkpoint is not None:

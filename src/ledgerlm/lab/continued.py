@@ -87,7 +87,8 @@ class BeforeAfter:
         bf16 = self.recipe.train.precision == "bf16"
         step = 0 if when == "before" else None
         recorder.start("eval", step, what=f"continued pretraining: {when}")
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        device = next(model.parameters()).device.type
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
             if new_val is not None:
                 attention = self.recipe.pack.attention
                 self.scores[f"new_{when}"] = evaluate(model, new_val, attention, domains)

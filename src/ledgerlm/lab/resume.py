@@ -99,6 +99,7 @@ def resume_run(
                 ph = recorder.start("restore", resume=True, restart=restart)
                 recipe = load_recipe(run_dir / "recipe.toml")
                 recorder.flush_every = max(1, recipe.eval.every_steps)
+                world = world.placed(recipe.train.device, recipe.train.parallel)
                 check_contract(recipe, world)
                 if run["tokens_version"] is None and restart:  # it died before tokens
                     data, tokens, store = prepare_versions(recorder, recipe, workspace, progress)

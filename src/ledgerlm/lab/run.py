@@ -234,6 +234,7 @@ def run_recipe(
         return follow(recipe, workspace, world)
     handoff = Handoff(world)
     with handoff.guard():
+        world = world.placed(recipe.train.device, recipe.train.parallel)
         check_contract(recipe, world)
         check_inputs(recipe.data)  # a missing input writes nothing, not even the ledger
         ledger = Ledger(workspace.ledger_path)
@@ -319,21 +320,27 @@ def follow(recipe: Recipe | None, workspace: Workspace, world: World) -> RunResu
     data = find_version(workspace, "data", sent["data"])
     tokens = find_version(workspace, "tokens", sent["tokens"])
     store = TokenStore(tokens.path)
-    resumed = None
-    if "earlier" in sent:  # a resume (from a checkpoint) or a restart (from step 0)
+    again = "earlier" in sent  # a resume (from a checkpoint) or a restart (from step 0)
+    if again:
         recipe = recipe_from_dict(sent["recipe"])
-        folder = sent["checkpoint"] and Path(sent["checkpoint"])
-        parts, saved = build_parts(recipe, store, world, folder or None)
-        resumed = saved["trainer"] if saved else None
-        evaluator: EvalCallback = ResumedEval(
+    assert recipe is not None
+    world = world.placed(recipe.train.device, recipe.train.parallel)
+    folder = Path(sent["checkpoint"]) if sent.get("checkpoint") else None
+    parts, saved = build_parts(recipe, store, world, folder)
+    evaluator = (
+        ResumedEval(
             *_eval_args(store, recipe), earlier=sent["earlier"], step=saved["step"] if saved else 0
         )
-    else:
-        assert recipe is not None
-        parts, _ = build_parts(recipe, store, world)
-        evaluator = EvalCallback(*_eval_args(store, recipe))
+        if again
+        else EvalCallback(*_eval_args(store, recipe))
+    )
     trainer = build_trainer(
-        recipe, parts, evaluator, world, started_at=time.time(), resumed=resumed
+        recipe,
+        parts,
+        evaluator,
+        world,
+        started_at=time.time(),
+        resumed=saved["trainer"] if saved else None,
     )
     trainer.fit()
     return RunResult("", data, tokens, {}, math.nan, parts.model.num_params())

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor as _DTensor
 
 from ledgerlm.config import ModelConfig
 from ledgerlm.model.attention import AttentionSpec, attend, attention_spec
@@ -86,35 +88,79 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+def _assign(p: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy a whole initial tensor into ``p``, or into its shard when ``p`` is sharded."""
+    if isinstance(p, _DTensor):
+        from torch.distributed.tensor import distribute_tensor
+
+        local = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None)
+        p.to_local().copy_(local.to_local())
+    else:
+        p.copy_(full)
+
+
 def ffn_hidden(cfg: ModelConfig) -> int:
     """SwiGLU width rounded up to a multiple of 16."""
     return 16 * math.ceil(cfg.ffn_mult * cfg.d_model / 16)
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
+    """The decoder. Built on the ``meta`` device and then materialized, so a model too
+    large for one device can be sharded before any memory is spent (``device="meta"``
+    leaves it unmaterialized; ``materialize`` gives it memory and its initial weights).
+    """
+
+    def __init__(
+        self, cfg: ModelConfig, vocab_size: int, device: torch.device | str = "cpu"
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         self.vocab_size = vocab_size
-        self.embed = nn.Embedding(vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
-        if cfg.tie_embeddings:
-            self.lm_head.weight = self.embed.weight
-        self.reset_parameters()
+        with torch.device("meta"):
+            self.embed = nn.Embedding(vocab_size, cfg.d_model)
+            self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+            self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+            self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
+        self.tie()
+        if torch.device(device).type != "meta":
+            self.materialize(device)
 
+    def tie(self) -> None:
+        """Share the embedding with the output head (``tie_embeddings``)."""
+        if self.cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def materialize(self, device: torch.device | str) -> GPT:
+        """Memory on ``device`` for every parameter (or its shard), then the initial
+        weights (``reset_parameters``); the same weights at any device or sharding."""
+        self.to_empty(device=device)
+        if not isinstance(self.embed.weight, _DTensor):  # a sharded model stays as placed
+            self.tie()  # moving replaces parameters, so tied ones are tied again
+        self.reset_parameters()
+        return self
+
+    @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Normal(0, std) weights; residual output projections scaled by depth (GPT-2)."""
+        """Normal(0, std) matrices, residual output projections scaled by depth (GPT-2);
+        norms at one.
+
+        Each matrix comes from its own generator, seeded by one draw from the global
+        torch generator and the parameter's name, and is drawn whole on the CPU; a
+        sharded parameter keeps its part. The weights therefore do not depend on the
+        device, on the order parameters are visited, or on how they are sharded.
+        """
         std = self.cfg.init_std
-        for name, p in self.named_parameters():
-            if p.dim() == 2:
-                scale = (
-                    1 / math.sqrt(2 * self.cfg.n_layers)
-                    if name.endswith(("wo.weight", "w_down.weight"))
-                    else 1
-                )
-                nn.init.normal_(p, mean=0.0, std=std * scale)
+        base = int(torch.randint(0, 2**62, (), dtype=torch.int64))
+        for name, p in self.named_parameters():  # a tied weight is visited once
+            if p.dim() != 2:
+                p.fill_(1.0)
+                continue
+            depth = name.endswith(("wo.weight", "w_down.weight"))
+            scale = 1 / math.sqrt(2 * self.cfg.n_layers) if depth else 1
+            seed = hashlib.sha256(f"{base}:{name}".encode()).digest()[:8]
+            g = torch.Generator().manual_seed(int.from_bytes(seed, "little") >> 1)
+            full = torch.empty(p.shape, dtype=torch.float32).normal_(0, std * scale, generator=g)
+            _assign(p, full)
 
     def attention_spec(self, doc_ids: torch.Tensor, mode: str) -> AttentionSpec:
         """The batch's attention backend and mask, built once for all layers.

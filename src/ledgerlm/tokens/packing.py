@@ -9,6 +9,7 @@ validity mask, never by a token value.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -33,6 +34,17 @@ class Batch:
     @property
     def num_targets(self) -> int:
         return int(self.loss_mask.sum())
+
+    def to(self, device: torch.device | str, pin: bool = False) -> Batch:
+        """This batch on ``device``; ``pin`` copies through pinned host memory so the
+        transfer to a GPU does not block the host."""
+        fields = {}
+        for f in dataclasses.fields(self):
+            t = getattr(self, f.name)
+            if pin and t.device.type == "cpu":
+                t = t.pin_memory()
+            fields[f.name] = t.to(device, non_blocking=pin)
+        return Batch(**fields)
 
     def labels(self) -> torch.Tensor:
         """Targets with unsupervised positions set to IGNORE_INDEX (the usual HF convention)."""

@@ -181,7 +181,7 @@ def _save(
             if t.data_ptr() in seen:
                 continue
             seen.add(t.data_ptr())
-            weights[name] = t.detach().contiguous()
+            weights[name] = t.detach().cpu().contiguous()
         save_file(weights, str(tmp / WEIGHTS))
         tensors: dict[str, torch.Tensor] = {RNG_KEY: torch.get_rng_state()}
         full = dict(state)

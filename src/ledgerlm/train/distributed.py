@@ -1,29 +1,36 @@
-"""Data parallelism across processes started by ``torchrun``, with global denominators.
+"""Where training runs: the ``World`` (device, ranks, backend, the data-parallel engine),
+and data parallelism across processes started by ``torchrun`` with global denominators.
 
-Every rank holds the whole model and trains on its own micro-batches. The step's
-loss is sum over all ranks and micro-batches of the per-target losses divided by
-the *global* count of supervised targets, so
+The step's loss is sum over all ranks and micro-batches of the per-target losses
+divided by the *global* count of supervised targets, so
 
 - the counts (targets, denominator, tokens, rows) are all-reduced before any
   forward, and each micro-batch backpropagates numerator / global denominator;
-- gradients are all-reduced with SUM (not averaged): each rank's gradient is
-  already its share of the global objective.
+- gradients are summed over ranks (not averaged): each rank's gradient is already
+  its share of the global objective. PyTorch's own engine does the summing, its
+  communication overlapping the backward pass: ``DistributedDataParallel`` with a
+  summing communication hook (``train.parallel = "ddp"``).
 
 An uneven number of targets across ranks therefore weighs every target equally,
 which averaging per-rank means (what a plain DDP wrapper over a per-rank mean
-loss does) would not. A rank whose micro-batches hold no target contributes
-zeros. The ranks apply identical updates, so their weights stay bitwise equal.
+loss does) would not. A rank whose micro-batch holds no target still runs its
+forward and backward (a zero numerator): the engine's collectives must run equally
+often on every rank. The ranks apply identical updates, so their weights stay
+bitwise equal.
 
-On one process every collective is the identity; nothing here needs a GPU (gloo
-on CPU, nccl on CUDA).
+The process group serves CPU tensors with gloo and, where CUDA is present, CUDA
+tensors with NCCL (``cpu:gloo,cuda:nccl``), so the device a recipe asks for can be
+chosen after the group exists (a resumed run reads its recipe from rank 0). On one
+process every collective is the identity.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
@@ -34,10 +41,16 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class World:
-    """This process's place among the data-parallel ranks."""
+    """This process's place: its rank among the data-parallel ranks, its device, and the
+    engine that sums gradients over ranks. Built once from the environment
+    (``init_world``) and placed by the recipe (``placed``); the training loop asks it,
+    never ``torch.cuda``, where tensors go."""
 
     rank: int = 0
     size: int = 1
+    local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    parallel: str = "none"  # "none" | "ddp"
 
     @property
     def is_main(self) -> bool:
@@ -48,37 +61,54 @@ class World:
     def distributed(self) -> bool:
         return self.size > 1
 
+    def placed(self, device: str = "auto", parallel: str = "auto") -> World:
+        """This world on the device and engine a recipe asks for (``train.device``,
+        ``train.parallel``): ``auto`` is CUDA when present, and ``ddp`` under torchrun
+        (``none`` in one process)."""
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError("train.device = 'cuda', but no CUDA device is available")
+            where = torch.device("cuda", self.local_rank % torch.cuda.device_count())
+            torch.cuda.set_device(where)
+        elif device == "cpu":
+            where = torch.device("cpu")
+        else:
+            raise ValueError(f"train.device = {device!r}: choose auto, cpu or cuda")
+        if parallel == "auto":
+            parallel = "ddp" if self.distributed else "none"
+        if parallel not in ("none", "ddp"):
+            raise ValueError(f"train.parallel = {parallel!r}: choose auto, ddp or none")
+        if parallel == "none" and self.distributed:
+            raise ValueError(
+                f"train.parallel = 'none' trains in one process, but torchrun started "
+                f"{self.size}; use 'ddp' (or 'auto')"
+            )
+        return dataclasses.replace(self, device=where, parallel=parallel)
+
+    def to_device(self, batch: Any) -> Any:
+        """A batch (anything with ``.to(device, non_blocking)``) on this world's device;
+        on CUDA the host copy is pinned first so the transfer does not block."""
+        if self.device.type == "cpu":
+            return batch
+        return batch.to(self.device, pin=True)
+
     def all_reduce(self, values: Sequence[float], dtype: torch.dtype) -> list[float]:
         """Sum of ``values`` over all ranks (one collective for the whole list); on one
         process the values themselves, with no tensor round trip on the step's path."""
         if not self.distributed:
             return list(values)
-        t = torch.tensor(list(values), dtype=dtype)
+        t = torch.tensor(list(values), dtype=dtype)  # CPU: gloo, whatever the device
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t.tolist()
-
-    def all_reduce_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
-        """Sum gradients over ranks in one flat buffer; a missing gradient counts as zero."""
-        if not self.distributed:
-            return
-        params = [p for p in params if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        offset = 0
-        for p in params:
-            n = p.grad.numel()
-            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
-            offset += n
 
     def broadcast_object(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank."""
         if not self.distributed:
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, device=torch.device("cpu"))
         return box[0]
 
     def barrier(self) -> None:
@@ -86,18 +116,42 @@ class World:
             dist.barrier()
 
 
+# No annotations: DDP refuses a hook whose annotations are not its own classes, and this
+# module's annotations are strings (``from __future__ import annotations``).
+def _sum_gradients(group, bucket):
+    """DDP communication hook: all-reduce a gradient bucket with SUM (DDP's own hook
+    divides by the world size, which would turn the global objective into a mean)."""
+    work = dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.SUM, group=group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def data_parallel(model: torch.nn.Module, world: World) -> torch.nn.Module:
+    """The module the training step calls: ``model`` itself in one process, else the
+    world's engine around it, set to sum gradients over ranks."""
+    if world.parallel == "none":
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [world.device.index] if world.device.type == "cuda" else None
+    engine = DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+    engine.register_comm_hook(None, _sum_gradients)
+    return engine
+
+
 def init_world() -> World:
     """The world ``torchrun`` describes in the environment, or a single process.
 
-    Starts the process group once (gloo on CPU, nccl when CUDA is present).
+    Starts the process group once: gloo for CPU tensors and, where CUDA is present,
+    NCCL for CUDA tensors.
     """
     size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if size == 1:
         return World()
     if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend=backend)
-    return World(dist.get_rank(), dist.get_world_size())
+    return World(dist.get_rank(), dist.get_world_size(), local_rank)
 
 
 def shutdown_world(world: World) -> None:

@@ -61,14 +61,18 @@ def evaluate(
     """
     world = world or World()
     model.eval()
-    total = torch.zeros(len(domains), dtype=torch.float64)
-    count = torch.zeros(len(domains), dtype=torch.float64)
+    device = next(model.parameters()).device  # batches go where the weights are
+    total = torch.zeros(len(domains), dtype=torch.float64, device=device)
+    count = torch.zeros(len(domains), dtype=torch.float64, device=device)
     for b in val[world.rank :: world.size]:
+        if device.type != "cpu":
+            b = b.to(device, pin=True)
         logits = model(b.input_ids, b.position_ids, model.attention_spec(b.doc_ids, attention))
         losses = per_target_loss(logits, b.targets)[b.loss_mask].double()
         dom = b.target_domains[b.loss_mask]
         total.index_add_(0, dom, losses)
         count.index_add_(0, dom, torch.ones_like(losses))
+    total, count = total.cpu(), count.cpu()
     if world.distributed:
         summed = world.all_reduce(torch.cat([total, count]).tolist(), torch.float64)
         sums = torch.tensor(summed, dtype=torch.float64)

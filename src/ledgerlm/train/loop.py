@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -15,7 +16,7 @@ import torch
 
 from ledgerlm.config import TrainConfig
 from ledgerlm.tokens.packing import Batch
-from ledgerlm.train.distributed import World
+from ledgerlm.train.distributed import World, data_parallel
 from ledgerlm.train.loss import (
     NoTargetsError,
     masked_target_loss,
@@ -140,6 +141,13 @@ class Trainer:
             # eager model's. Shapes are static (micro_batch_rows x seq_len); a smaller last
             # validation batch costs one extra compile instead of dynamic-shape kernels.
             self.model.compile(dynamic=False)
+        if self.world.distributed and self.world.parallel == "none":
+            raise ValueError(
+                f"{self.world.size} ranks need a data-parallel engine: World.placed(...)"
+            )
+        # What the step calls: the model, or the world's data-parallel engine around it
+        # (which sums gradients over ranks while the backward pass runs).
+        self.engine = data_parallel(self.model, self.world)
         for group in self.optimizer.param_groups:  # a plain optimizer's lr is its peak
             group.setdefault("base_lr", group["lr"])
 
@@ -150,7 +158,8 @@ class Trainer:
         low-precision logits). Callbacks run inside it too, so evaluation scores the
         model with the numerics it trains with.
         """
-        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.precision == "bf16")
+        bf16 = self.cfg.precision == "bf16"
+        return torch.autocast(self.world.device.type, dtype=torch.bfloat16, enabled=bf16)
 
     def train_step(self) -> float:
         """One optimizer update over ``grad_accum`` micro-batches on every rank.
@@ -181,18 +190,22 @@ class Trainer:
             raise NoTargetsError(f"step {step}: no supervised targets")
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros((), dtype=torch.float64)
-        for mb in micro:
-            if mb.num_targets == 0:  # adds 0 to the numerator; its rows are already counted
+        total = torch.zeros((), dtype=torch.float64, device=world.device)
+        last = len(micro) - 1
+        for i, mb in enumerate(micro):
+            # One process may skip a micro-batch without targets (it adds 0 to the
+            # numerator; its rows are counted); an engine must run on every rank alike.
+            if mb.num_targets == 0 and world.parallel == "none":
                 continue
-            with self.autocast():  # backward reuses the forward's dtypes; it runs outside
+            mb = world.to_device(mb)
+            with self._sync(i == last), self.autocast():  # backward reuses the dtypes
                 mask = self.model.attention_spec(mb.doc_ids, self.attention)
-                logits = self.model(mb.input_ids, mb.position_ids, mask)
+                logits = self.engine(mb.input_ids, mb.position_ids, mask)
                 per_target = masked_target_loss(logits, mb.targets, mb.loss_mask)
                 numerator, _ = objective_terms(per_target, mb.loss_mask, *terms)
-            (numerator / denominator).backward()
+            with self._sync(i == last):
+                (numerator / denominator).backward()
             total += numerator.detach().double()
-        world.all_reduce_gradients(self.model.parameters())
         (numerator_sum,) = world.all_reduce([float(total)], torch.float64)
         loss = numerator_sum / denominator
         grad_norm = float(
@@ -224,6 +237,13 @@ class Trainer:
         s.rows += rows
         s.history.append(record)
         return loss
+
+    def _sync(self, last: bool) -> AbstractContextManager[Any]:
+        """Gradients are summed over ranks once per update, in the last micro-batch's
+        backward; the others accumulate locally."""
+        if last or self.engine is self.model:
+            return nullcontext()
+        return self.engine.no_sync()  # type: ignore[operator]
 
     def _non_finite(self, record: StepRecord, micro: Sequence[Batch]) -> None:
         """Log the step and its data, then stop, or drop the update and move on."""

@@ -332,14 +332,23 @@ class TrainConfig(_Section):
     precision: Literal["fp32", "bf16"] = Field(
         "fp32", description="bf16: forward and backward under bf16 autocast; weights stay fp32."
     )
-    compile: bool = Field(False, description="Run the model through torch.compile.")
+    compile: bool = Field(
+        False, description="Run the model through torch.compile (block by block under FSDP)."
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description="Keep only each block's input in the forward pass and recompute the "
+        "rest in the backward: less memory, about a third more compute.",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Where to train: auto = CUDA when present, else the CPU."
     )
-    parallel: Literal["auto", "ddp", "none"] = Field(
+    parallel: Literal["auto", "fsdp", "ddp", "none"] = Field(
         "auto",
-        description="Data parallelism under torchrun: ddp = DistributedDataParallel summing "
-        "gradients over ranks; auto = ddp under torchrun, none in one process.",
+        description="Data parallelism under torchrun: fsdp = FSDP2 (fully_shard per block: "
+        "weights, gradients and optimizer state sharded); ddp = DistributedDataParallel; "
+        "both sum gradients over ranks. auto = fsdp under torchrun (ddp with muon), none "
+        "in one process.",
     )
     checkpoint_every: int = Field(
         0, ge=0, description="Save a resumable checkpoint every N updates; 0 = only at the end."

@@ -11,6 +11,7 @@ from ledgerlm.ledger.store import Ledger
 from .conftest import TINY, ledgerlm
 
 STEPS = ["--set", "train.max_steps=20", "--set", "train.threads=1"]
+DDP = ["--set", "train.parallel=ddp"]  # replicas: bitwise the one-process weights
 
 
 def _show(ws) -> dict:
@@ -20,7 +21,7 @@ def _show(ws) -> dict:
 def test_two_ranks_train_the_single_process_model(tmp_path):
     ws = tmp_path / "ws"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    cmd += ["-m", "ledgerlm", "run", str(TINY), "--workspace", str(ws), *STEPS]
+    cmd += ["-m", "ledgerlm", "run", str(TINY), "--workspace", str(ws), *STEPS, *DDP]
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
     )

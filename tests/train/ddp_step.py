@@ -17,7 +17,8 @@ from safetensors.torch import save_file
 from ledgerlm.config import ModelConfig, TrainConfig
 from ledgerlm.model.gpt import GPT
 from ledgerlm.tokens.packing import batches, pack_documents
-from ledgerlm.train.distributed import RankShard, distributed_world
+from ledgerlm.train.checkpoint import load_checkpoint, save_checkpoint
+from ledgerlm.train.distributed import RankShard, distributed_world, shard_model
 from ledgerlm.train.loop import Trainer
 from ledgerlm.train.optim import build_optimizer
 
@@ -35,6 +36,12 @@ def ragged_rows() -> list:
     return rows
 
 
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor, gathered from the ranks' shards when it is sharded."""
+    t = t.detach()
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
@@ -43,12 +50,15 @@ def main() -> None:
     ap.add_argument("--objective", default="token_mean")
     ap.add_argument("--empty-rows", default="exclude")
     ap.add_argument("--parallel", default="auto")
+    ap.add_argument("--init-from", type=Path, help="load weights and optimizer state first")
+    ap.add_argument("--save", type=Path, help="save a checkpoint after the step")
     args = ap.parse_args()
     torch.set_num_threads(1)
     with distributed_world() as world:
         world = world.placed("cpu", args.parallel)
         torch.manual_seed(0)
         model = GPT(ModelConfig(d_model=16, n_layers=2, n_heads=2), 40).double()
+        shard_model(model, world)  # FSDP2 under parallel = fsdp; else nothing
         cfg = TrainConfig(
             max_steps=1,
             grad_accum=args.accum,
@@ -58,12 +68,17 @@ def main() -> None:
             empty_rows=args.empty_rows,
         )
         stream = RankShard(iter(batches(ragged_rows(), args.rows)), world)
-        trainer = Trainer(model, build_optimizer(model, cfg), cfg, stream, "isolated", world=world)
+        optimizer = build_optimizer(model, cfg)
+        if args.init_from:
+            load_checkpoint(args.init_from, model, optimizer)
+        trainer = Trainer(model, optimizer, cfg, stream, "isolated", world=world)
         loss = trainer.train_step()
+        if args.save:
+            save_checkpoint(args.save, model, {"step": 1}, optimizer, world)
         tensors = {}
         for name, p in model.named_parameters():
-            tensors[f"grad/{name}"] = p.grad.detach().clone().contiguous()
-            tensors[f"param/{name}"] = p.detach().clone().contiguous()
+            tensors[f"grad/{name}"] = _full(p.grad).clone().contiguous()
+            tensors[f"param/{name}"] = _full(p).clone().contiguous()
         args.out.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(args.out / f"rank{world.rank}.safetensors"))
         s = trainer.state

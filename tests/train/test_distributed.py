@@ -33,14 +33,17 @@ def _step(out: Path, nproc: int, accum: int, *args: str) -> list[tuple[dict, dic
     ]
 
 
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 @pytest.mark.parametrize(
     "policy", [("token_mean", "exclude"), ("sequence_mean", "exclude"), ("sequence_mean", "zero")]
 )
-def test_two_ranks_make_the_one_process_update(tmp_path, policy):
+def test_two_ranks_make_the_one_process_update(tmp_path, policy, parallel):
+    """DDP and FSDP2 both sum gradients over ranks (a mean over ranks would halve them)."""
     objective, empty_rows = policy
     extra = ("--objective", objective, "--empty-rows", empty_rows)
     [(one, one_t)] = _step(tmp_path / "one", 1, 4, *extra)  # 4 micro-batches of 2 rows
-    ranks = _step(tmp_path / "two", 2, 2, *extra)  # 2 ranks x 2 micro-batches of 2 rows
+    # 2 ranks x 2 micro-batches of 2 rows
+    ranks = _step(tmp_path / "two", 2, 2, *extra, "--parallel", parallel)
 
     # The ranks really are uneven: per-rank means averaged would weigh targets unequally.
     local = [meta["local_targets"] for meta, _ in ranks]
@@ -56,3 +59,18 @@ def test_two_ranks_make_the_one_process_update(tmp_path, policy):
     # Both ranks applied the same update: their weights are bitwise equal.
     for name, t in ranks[0][1].items():
         assert torch.equal(t, ranks[1][1][name]), name
+
+
+def test_a_one_process_checkpoint_loads_into_two_sharded_ranks(tmp_path):
+    """Weights and optimizer state saved by one process (safetensors) and loaded into an
+    FSDP2 model on two ranks: the next update is the one process's next update."""
+    ck = tmp_path / "ck"
+    _step(tmp_path / "first", 1, 4, "--save", str(ck))  # one update, then a checkpoint
+    [(one, one_t)] = _step(tmp_path / "one", 1, 4, "--init-from", str(ck))
+    ranks = _step(tmp_path / "two", 2, 2, "--parallel", "fsdp", "--init-from", str(ck))
+    first = _step(tmp_path / "again", 1, 4)[0][1]  # the update from the initial weights
+    assert any(not torch.equal(first[k], one_t[k]) for k in one_t)  # the load mattered
+    for meta, tensors in ranks:
+        assert meta["loss"] == pytest.approx(one["loss"], rel=1e-6)
+        for name, ref in one_t.items():
+            torch.testing.assert_close(tensors[name], ref, rtol=1e-6, atol=1e-12)

@@ -19,7 +19,7 @@ from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.shards import TokenStore
 from ledgerlm.train.budget import BudgetCallback
 from ledgerlm.train.callbacks import ProgressCallback
-from ledgerlm.train.distributed import RankShard, World
+from ledgerlm.train.distributed import RankShard, World, shard_model
 from ledgerlm.train.evaluate import EvalCallback, weights_digest
 from ledgerlm.train.loop import Trainer
 from ledgerlm.train.optim import Optimizer, build_optimizer
@@ -35,6 +35,15 @@ def determinism(train: TrainConfig) -> None:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     torch.set_num_threads(train.threads or max(1, (os.cpu_count() or 1) // local))
     torch.use_deterministic_algorithms(True)
+
+
+def placed(world: World, train: TrainConfig) -> World:
+    """The world on the recipe's device and engine. ``train.parallel = "auto"`` shards
+    with FSDP2 under torchrun, except for Muon (which needs whole matrices: DDP)."""
+    parallel = train.parallel
+    if parallel == "auto" and world.distributed:
+        parallel = "ddp" if train.optimizer == "muon" else "fsdp"
+    return world.placed(train.device, parallel)
 
 
 @dataclass
@@ -55,7 +64,11 @@ def build_parts(
     the start or from the checkpoint's cursor. Returns the checkpoint's JSON state too."""
     determinism(recipe.train)
     t = recipe.train
-    model = GPT(recipe.model, store.vocab_size, device=world.device)
+    model = GPT(recipe.model, store.vocab_size, device="meta")
+    model.checkpoint_blocks = t.activation_checkpointing
+    bf16_params = t.precision == "bf16" and world.device.type == "cuda"
+    shard_model(model, world, bf16_params)  # FSDP2 shards before any memory is spent
+    model.materialize(world.device)
     optimizer = build_optimizer(model, t)
     saved = None
     if checkpoint is not None:
@@ -67,6 +80,24 @@ def build_parts(
     return Parts(model, optimizer, RankShard(stream, world), store), saved
 
 
+def same_global_batch(recipe: Recipe, saved_ranks: int, world: World) -> Recipe:
+    """The recipe a checkpoint written by ``saved_ranks`` ranks trains on with this
+    world: one update still covers ``grad_accum x saved_ranks`` micro-batches of the one
+    global stream, so the run continues with the same global batches (the accumulation
+    per rank changes; it must come out whole)."""
+    if saved_ranks == world.size:
+        return recipe
+    total = recipe.train.grad_accum * saved_ranks
+    if total % world.size:
+        raise ValueError(
+            f"the checkpoint was written by {saved_ranks} rank(s) with grad_accum "
+            f"{recipe.train.grad_accum}: {total} micro-batches per update cannot be split "
+            f"over {world.size} ranks"
+        )
+    train = recipe.train.model_copy(update={"grad_accum": total // world.size})
+    return recipe.model_copy(update={"train": train})
+
+
 def val_batches(store: TokenStore, recipe: Recipe) -> list[Batch]:
     """The fixed validation set of a recipe, in batches of ``micro_batch_rows``."""
     return validation_batches(store, recipe.pack, recipe.eval, recipe.train.micro_batch_rows)
@@ -74,7 +105,7 @@ def val_batches(store: TokenStore, recipe: Recipe) -> list[Batch]:
 
 def same_replicas(model: torch.nn.Module, world: World) -> None:
     """Every rank must start from rank 0's weights; a mismatch means nondeterminism."""
-    if not world.distributed:
+    if not world.distributed or world.sharded:  # shards differ by design
         return
     mine = weights_digest(model)
     if world.broadcast_object(mine) != mine:

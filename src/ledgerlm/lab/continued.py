@@ -7,17 +7,19 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ledgerlm.config import Recipe, recipe_from_dict
-from ledgerlm.lab.recorder import LedgerRecorder
 from ledgerlm.ledger.continued import before_after
 from ledgerlm.ledger.store import Ledger, LedgerError
 from ledgerlm.tokens.loader import validation_batches
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.shards import TokenStore
+from ledgerlm.train.distributed import World
 from ledgerlm.train.evaluate import evaluate
+from ledgerlm.train.record import Recorder
 from ledgerlm.workspace import BuiltVersion, Workspace
 
 
@@ -29,6 +31,20 @@ class InitSource:
     recipe: Recipe
     tokens_version: str
     checkpoint: Path
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able, for the other ranks (``from_dict``)."""
+        return {
+            "run_id": self.run_id,
+            "recipe": self.recipe.to_dict(),
+            "tokens_version": self.tokens_version,
+            "checkpoint": str(self.checkpoint),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> InitSource:
+        recipe = recipe_from_dict(d["recipe"])
+        return cls(d["run_id"], recipe, d["tokens_version"], Path(d["checkpoint"]))
 
 
 def find_version(workspace: Workspace, kind: str, version: str | None) -> BuiltVersion:
@@ -78,12 +94,14 @@ class BeforeAfter:
 
     def score(
         self,
-        recorder: LedgerRecorder,
+        recorder: Recorder,
         when: str,
         model: torch.nn.Module,
         new_val: list[Batch] | None,
         domains: list[str],
+        world: World | None = None,
     ) -> None:
+        """Score the model (every rank under torchrun: the sums are all-reduced)."""
         bf16 = self.recipe.train.precision == "bf16"
         step = 0 if when == "before" else None
         recorder.start("eval", step, what=f"continued pretraining: {when}")
@@ -91,11 +109,12 @@ class BeforeAfter:
         with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
             if new_val is not None:
                 attention = self.recipe.pack.attention
-                self.scores[f"new_{when}"] = evaluate(model, new_val, attention, domains)
+                self.scores[f"new_{when}"] = evaluate(model, new_val, attention, domains, world)
             attention = self.init.recipe.pack.attention
-            self.scores[f"old_{when}"] = evaluate(model, self.old_val, attention, self.old_domains)
+            old = evaluate(model, self.old_val, attention, self.old_domains, world)
+            self.scores[f"old_{when}"] = old
 
-    def report(self, recorder: LedgerRecorder, new_after: dict[str, float]) -> list[dict]:
+    def report(self, recorder: Recorder, new_after: dict[str, float]) -> list[dict]:
         sc = self.scores
         rows = before_after(sc["new_before"], new_after, sc["old_before"], sc["old_after"])
         recorder.event(

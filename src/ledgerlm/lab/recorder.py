@@ -110,5 +110,8 @@ class LedgerRecorder(Recorder):
         self.ledger.add_evaluation(self.run_id, phase_id=section.id, **record)
         self.ledger.set_counters(self.run_id, counters)
 
+    def counters(self, values: dict[str, float]) -> None:
+        self.ledger.set_counters(self.run_id, values)
+
     def event(self, kind: str, message: str, step: int | None = None) -> None:
         self.ledger.add_event(self.run_id, kind, message, step=step)

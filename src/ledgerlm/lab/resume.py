@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from ledgerlm.config import load_recipe
-from ledgerlm.lab.build import build_parts
+from ledgerlm.lab.build import build_parts, placed, same_global_batch
 from ledgerlm.lab.continued import find_version
 from ledgerlm.lab.recorder import LedgerRecorder
 from ledgerlm.lab.run import (
@@ -99,7 +99,7 @@ def resume_run(
                 ph = recorder.start("restore", resume=True, restart=restart)
                 recipe = load_recipe(run_dir / "recipe.toml")
                 recorder.flush_every = max(1, recipe.eval.every_steps)
-                world = world.placed(recipe.train.device, recipe.train.parallel)
+                world = placed(world, recipe.train)
                 check_contract(recipe, world)
                 if run["tokens_version"] is None and restart:  # it died before tokens
                     data, tokens, store = prepare_versions(recorder, recipe, workspace, progress)
@@ -113,6 +113,8 @@ def resume_run(
                         "tokens": tokens.version,
                         "recipe": recipe.to_dict(),
                         "checkpoint": None if restart else str(folder),
+                        "checkpoint_dir": str(folder),
+                        "run_id": run_id,
                         "earlier": _earlier(before),
                     }
                 )
@@ -121,6 +123,8 @@ def resume_run(
                 ph.step_end = step
                 ph.detail.update(step=step, cursor=saved["data"]["cursor"] if saved else None)
                 recorder.event("resume", f"{'restart' if restart else 'from'} step {step}", step)
+                ranks = saved.get("ranks", 1) if saved else world.size
+                training = same_global_batch(recipe, ranks, world)
 
                 sets = eval_sets(recorder, store, recipe)
                 evaluator = ResumedEval(
@@ -133,7 +137,7 @@ def resume_run(
                 )
                 train_run(
                     recorder,
-                    recipe,
+                    training,
                     parts,
                     evaluator,
                     world,

@@ -29,8 +29,15 @@ from typing import Any
 
 from ledgerlm.config import Recipe, recipe_from_dict, recipe_to_toml
 from ledgerlm.data.pipeline import check_inputs, prepare_data
-from ledgerlm.lab.build import Parts, build_parts, build_trainer, val_batches
-from ledgerlm.lab.continued import BeforeAfter, find_version, init_source
+from ledgerlm.lab.build import (
+    Parts,
+    build_parts,
+    build_trainer,
+    placed,
+    same_global_batch,
+    val_batches,
+)
+from ledgerlm.lab.continued import BeforeAfter, InitSource, find_version, init_source
 from ledgerlm.lab.recorder import LedgerRecorder
 from ledgerlm.ledger.store import Ledger, LedgerError
 from ledgerlm.progress import NullProgress, Progress
@@ -41,6 +48,7 @@ from ledgerlm.train.checkpoint import load_checkpoint
 from ledgerlm.train.distributed import World
 from ledgerlm.train.evaluate import EvalCallback, evaluate, unigram_entropy, weights_digest
 from ledgerlm.train.loop import Trainer
+from ledgerlm.train.record import Recorder
 from ledgerlm.train.resume import ResumedEval, save_training
 from ledgerlm.workspace import BuiltVersion, Workspace, atomic_write_text
 
@@ -107,8 +115,11 @@ def check_contract(recipe: Recipe, world: World) -> None:
             "eval.asynchronous = true runs evaluation in a background thread, which cannot "
             "take part in torchrun's collectives; use synchronous evaluation under torchrun"
         )
-    if recipe.train.init_from and world.distributed:
-        raise ValueError("train.init_from (continued pretraining) runs in one process")
+    if recipe.train.optimizer == "muon" and world.sharded:
+        raise ValueError(
+            "train.optimizer = 'muon' orthogonalizes whole matrices, which FSDP shards; "
+            "use train.parallel = 'ddp' with muon"
+        )
 
 
 def _check_metric(recipe: Recipe, store: TokenStore) -> None:
@@ -166,22 +177,35 @@ def train_run(
             checkpoints=checkpoints,
             resumed=resumed,
         )
-        state = trainer.fit()
-    ledger, run_id = recorder.ledger, recorder.run_id
+        trainer.fit()
+    close_training(recorder, trainer, evaluator, checkpoints, test)
+    reached = evaluator.reached_step is not None
+    recorder.ledger.finish_run(recorder.run_id, "reached" if reached else "not reached")
+    return trainer
+
+
+def close_training(
+    recorder: Recorder,
+    trainer: Trainer,
+    evaluator: EvalCallback,
+    checkpoints: tuple[Path, dict[str, Any]],
+    test: list[Batch],
+) -> None:
+    """The final checkpoint and the once-only test score. Rank 0 does it; with a sharded
+    model every rank does (both gather the weights from all ranks)."""
+    state = trainer.state
     recorder.start("checkpoint", state.step)
-    ledger.set_counters(run_id, state.counters())
-    ledger.add_event(run_id, "train_end", state.stop_reason, step=state.step)
+    recorder.counters(state.counters())
+    recorder.event("train_end", state.stop_reason, step=state.step)
     folder, extra = checkpoints
     save_training(folder, trainer, extra)
     if test:
         _test_once(recorder, trainer, evaluator, test)
     recorder.stop()
-    ledger.finish_run(run_id, "reached" if evaluator.reached_step is not None else "not reached")
-    return trainer
 
 
 def _test_once(
-    recorder: LedgerRecorder, trainer: Trainer, evaluator: EvalCallback, test: list[Batch]
+    recorder: Recorder, trainer: Trainer, evaluator: EvalCallback, test: list[Batch]
 ) -> None:
     """Score the final weights once on the held-out test split (``data.test_fraction``).
 
@@ -190,8 +214,9 @@ def _test_once(
     """
     step = trainer.state.step
     recorder.start("eval", step, what="test set, once")
+    world = trainer.world if trainer.world.sharded else None  # a sharded model: every rank
     with trainer.autocast():
-        metrics = evaluate(trainer.model, test, evaluator.attention, evaluator.domains)
+        metrics = evaluate(trainer.model, test, evaluator.attention, evaluator.domains, world)
     record = {
         "step": step,
         "snapshot": weights_digest(trainer.model),
@@ -234,7 +259,7 @@ def run_recipe(
         return follow(recipe, workspace, world)
     handoff = Handoff(world)
     with handoff.guard():
-        world = world.placed(recipe.train.device, recipe.train.parallel)
+        world = placed(world, recipe.train)
         check_contract(recipe, world)
         check_inputs(recipe.data)  # a missing input writes nothing, not even the ledger
         ledger = Ledger(workspace.ledger_path)
@@ -261,7 +286,17 @@ def run_recipe(
         with handoff.guard(), failing(recorder), run_lock(run_dir):
             atomic_write_text(run_dir / "recipe.toml", recipe_to_toml(recipe))
             data, tokens, store = prepare_versions(recorder, recipe, workspace, progress)
-            handoff.send({"data": data.version, "tokens": tokens.version, "world": world.size})
+            handoff.send(
+                {
+                    "data": data.version,
+                    "tokens": tokens.version,
+                    "world": world.size,
+                    "run_id": run_id,
+                    "checkpoint_dir": str(run_dir / "checkpoint"),
+                    "recipe": recipe.to_dict(),  # as stored: init_from resolved to a run id
+                    "init": init.to_dict() if init is not None else None,
+                }
+            )
 
             sets = eval_sets(recorder, store, recipe)
             contract = {
@@ -280,7 +315,7 @@ def run_recipe(
                 recorder.start("restore", what=f"initial weights of {init.run_id}")
                 load_checkpoint(init.checkpoint, parts.model)  # in place: the optimizer keeps it
                 shift = BeforeAfter(init, workspace, recipe)
-                shift.score(recorder, "before", parts.model, sets.val, store.domains)
+                shift.score(recorder, "before", parts.model, sets.val, store.domains, world)
             train_run(
                 recorder,
                 recipe,
@@ -294,7 +329,7 @@ def run_recipe(
             )
             continued = None
             if shift is not None:
-                shift.score(recorder, "after", parts.model, None, store.domains)
+                shift.score(recorder, "after", parts.model, None, store.domains, world)
                 recorder.stop()
                 continued = shift.report(recorder, evaluator.history[-1]["metrics"])
         summary = ledger.run_summary(run_id)
@@ -321,30 +356,41 @@ def follow(recipe: Recipe | None, workspace: Workspace, world: World) -> RunResu
     tokens = find_version(workspace, "tokens", sent["tokens"])
     store = TokenStore(tokens.path)
     again = "earlier" in sent  # a resume (from a checkpoint) or a restart (from step 0)
-    if again:
+    if "recipe" in sent:  # the recipe rank 0 stored (a resumed one, or init_from resolved)
         recipe = recipe_from_dict(sent["recipe"])
     assert recipe is not None
-    world = world.placed(recipe.train.device, recipe.train.parallel)
+    world = placed(world, recipe.train)
     folder = Path(sent["checkpoint"]) if sent.get("checkpoint") else None
     parts, saved = build_parts(recipe, store, world, folder)
+    val = val_batches(store, recipe)
+    shift = None
+    if sent.get("init"):  # continued pretraining: the same initial weights and scores
+        init = InitSource.from_dict(sent["init"])
+        load_checkpoint(init.checkpoint, parts.model)
+        shift = BeforeAfter(init, workspace, recipe)
+        shift.score(Recorder(), "before", parts.model, val, store.domains, world)
+    args = (val, recipe.eval, recipe.pack.attention, store.domains)
     evaluator = (
-        ResumedEval(
-            *_eval_args(store, recipe), earlier=sent["earlier"], step=saved["step"] if saved else 0
-        )
+        ResumedEval(*args, earlier=sent["earlier"], step=saved["step"] if saved else 0)
         if again
-        else EvalCallback(*_eval_args(store, recipe))
+        else EvalCallback(*args)
     )
+    # A sharded model is saved and tested by every rank, so this rank checkpoints too.
+    checkpoints = (Path(sent["checkpoint_dir"]), checkpoint_extra(sent["run_id"], recipe))
+    ranks = saved.get("ranks", 1) if saved else world.size
     trainer = build_trainer(
-        recipe,
+        same_global_batch(recipe, ranks, world),
         parts,
         evaluator,
         world,
         started_at=time.time(),
+        checkpoints=checkpoints if world.sharded else None,
         resumed=saved["trainer"] if saved else None,
     )
     trainer.fit()
+    if world.sharded:
+        test = test_batches(store, recipe.pack, recipe.eval, recipe.train.micro_batch_rows)
+        close_training(Recorder(), trainer, evaluator, checkpoints, test)
+    if shift is not None:
+        shift.score(Recorder(), "after", parts.model, None, store.domains, world)
     return RunResult("", data, tokens, {}, math.nan, parts.model.num_params())
-
-
-def _eval_args(store: TokenStore, recipe: Recipe) -> tuple[Any, ...]:
-    return val_batches(store, recipe), recipe.eval, recipe.pack.attention, store.domains

@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor as _DTensor
+from torch.utils.checkpoint import checkpoint
 
 from ledgerlm.config import ModelConfig
 from ledgerlm.model.attention import AttentionSpec, attend, attention_spec
@@ -116,6 +117,9 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.vocab_size = vocab_size
+        # Recompute each block's activations in the backward pass instead of keeping
+        # them (``train.activation_checkpointing``); the numbers are the same.
+        self.checkpoint_blocks = False
         with torch.device("meta"):
             self.embed = nn.Embedding(vocab_size, cfg.d_model)
             self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
@@ -181,7 +185,10 @@ class GPT(nn.Module):
         rope = rope_tables(position_ids, self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_theta)
         x = self.embed(input_ids)  # (B, T, d)
         for block in self.blocks:
-            x = block(x, rope, mask)
+            if self.checkpoint_blocks and torch.is_grad_enabled():
+                x = checkpoint(block, x, rope, mask, use_reentrant=False)
+            else:
+                x = block(x, rope, mask)
         return self.lm_head(self.norm(x))  # (B, T, V)
 
     def num_params(self, non_embedding: bool = False) -> int:

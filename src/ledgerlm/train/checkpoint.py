@@ -6,7 +6,15 @@ A checkpoint folder holds ``model.safetensors`` (weights), ``state.safetensors``
 recipe digest). ``state.json`` carries the sha256 of every other file and of its
 own content, and loading checks them all before touching the model.
 
-Loading never unpickles anything: tensors are safetensors, the rest is JSON.
+Loading never unpickles anything: tensors are safetensors or DCP, the rest is JSON.
+
+A sharded model (FSDP, ``train.parallel = "fsdp"``) is saved by every rank at once
+with ``torch.distributed.checkpoint`` (DCP): ``dcp/`` holds each rank's shards of
+the weights and optimizer state, ``rng.safetensors`` every rank's generator state,
+and ``state.json`` (written by rank 0, with the sha256 of every file) says
+``"format": "dcp"``. DCP reshards on load, so such a checkpoint resumes on any
+number of ranks, one process included, and a single-process (safetensors)
+checkpoint loads into a sharded model.
 
 A new checkpoint is written into a hidden temporary folder and renamed into
 place; the one it replaces is first renamed to ``.<name>.previous``, so a process
@@ -22,6 +30,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +38,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from ledgerlm.train.distributed import World
 from ledgerlm.train.optim import MultiOptimizer, Optimizer
 from ledgerlm.workspace import atomic_write_json, file_sha256, read_json
 
@@ -36,6 +46,8 @@ WEIGHTS = "model.safetensors"
 TENSORS = "state.safetensors"
 STATE = "state.json"
 RNG_KEY = "rng/torch_cpu"
+DCP_DIR = "dcp"
+RNG_FILE = "rng.safetensors"
 
 
 class CheckpointWriteError(OSError):
@@ -149,6 +161,7 @@ def save_checkpoint(
     model: torch.nn.Module,
     state: dict[str, Any],
     optimizer: Optimizer | None = None,
+    world: World | None = None,
 ) -> Path:
     """Write weights, optimizer state, RNG state and ``state`` into a temporary folder,
     then rename it to ``folder`` (see the module doc for the crash-safe replacement).
@@ -157,7 +170,10 @@ def save_checkpoint(
     naming the folder and the cause; nothing of the new checkpoint is left, and the
     previous one stays where it was."""
     folder = Path(folder)
+    world = world or World()
     try:
+        if world.sharded:
+            return _save_sharded(folder, model, state, optimizer, world)
         return _save(folder, model, state, optimizer)
     except (OSError, SafetensorError) as exc:
         step = state.get("step")
@@ -189,24 +205,150 @@ def _save(
             opt_tensors, full["optimizer"] = optimizer_state(optimizer)
             tensors.update(opt_tensors)
         save_file(tensors, str(tmp / TENSORS))
-        full["sha256"] = {name: file_sha256(tmp / name) for name in (WEIGHTS, TENSORS)}
-        full["state_sha256"] = _json_sha256(full)
-        atomic_write_json(tmp / STATE, full)
-        for name in (WEIGHTS, TENSORS):
-            _fsync(tmp / name)
-        _fsync(tmp)
-        previous = _previous(folder)
-        if folder.exists():  # else ``previous`` may be the only complete one: keep it
-            if previous.exists():
-                shutil.rmtree(previous)
-            os.rename(folder, previous)
-        os.rename(tmp, folder)
-        _fsync(folder.parent)
-        shutil.rmtree(previous, ignore_errors=True)
+        _publish(tmp, folder, full, [WEIGHTS, TENSORS])
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return folder
+
+
+def _publish(tmp: Path, folder: Path, state: dict[str, Any], files: list[str]) -> None:
+    """Checksum ``files`` into ``state``, write it as state.json, make everything durable,
+    then rename ``tmp`` over ``folder`` (keeping the replaced one until the rename)."""
+    state["sha256"] = {name: file_sha256(tmp / name) for name in files}
+    state["state_sha256"] = _json_sha256(state)
+    atomic_write_json(tmp / STATE, state)
+    for name in files:
+        _fsync(tmp / name)
+    _fsync(tmp)
+    previous = _previous(folder)
+    if folder.exists():  # else ``previous`` may be the only complete one: keep it
+        if previous.exists():
+            shutil.rmtree(previous)
+        os.rename(folder, previous)
+    os.rename(tmp, folder)
+    _fsync(folder.parent)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+def _save_sharded(
+    folder: Path,
+    model: torch.nn.Module,
+    state: dict[str, Any],
+    optimizer: Optimizer | None,
+    world: World,
+) -> Path:
+    """Every rank writes its shards with DCP into one temporary folder (named by rank 0);
+    rank 0 then adds the ranks' generator states and state.json and publishes it."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    tmp = None
+    if world.is_main:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        for stale in folder.parent.glob(f".{folder.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent)
+    tmp_dir = Path(world.broadcast_object(tmp))
+    try:
+        dcp.save(_distributed_state(model, optimizer), checkpoint_id=tmp_dir / DCP_DIR)
+        rngs: list[Any] = [None] * world.size
+        dist.all_gather_object(rngs, torch.get_rng_state())
+        if world.is_main:
+            save_file({f"rng/rank{r}": t for r, t in enumerate(rngs)}, str(tmp_dir / RNG_FILE))
+            files = sorted(str(p.relative_to(tmp_dir)) for p in tmp_dir.rglob("*") if p.is_file())
+            full = {**state, "format": "dcp", "ranks": world.size}
+            _publish(tmp_dir, folder, full, files)
+        world.barrier()
+    finally:
+        if world.is_main and tmp_dir.exists():
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+    return folder
+
+
+def _distributed_state(model: torch.nn.Module, optimizer: Optimizer | None) -> dict[str, Any]:
+    """Model (and optimizer) state as DCP saves and loads it: keyed by parameter name,
+    sharded tensors for a sharded model, whole ones otherwise."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    if optimizer is None:
+        return {"model": get_model_state_dict(model)}
+    model_sd, optim_sd = get_state_dict(model, list(_parts(optimizer).values()))
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def _load_distributed(
+    folder: Path, model: torch.nn.Module, optimizer: Optimizer | None, restore_rng: bool
+) -> None:
+    """Load a DCP checkpoint into ``model`` (and ``optimizer``), whatever their sharding
+    (DCP reshards), and this rank's generator state (rank 0's for a rank it lacks)."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+    sd = _distributed_state(model, optimizer)
+    single = not dist.is_initialized()
+    with warnings.catch_warnings():  # one process reading a sharded checkpoint is intended
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(sd, checkpoint_id=folder / DCP_DIR, no_dist=single)
+    if optimizer is None:
+        set_model_state_dict(model, sd["model"])
+    else:
+        optimizers = list(_parts(optimizer).values())
+        set_state_dict(
+            model, optimizers, model_state_dict=sd["model"], optim_state_dict=sd["optim"]
+        )
+    if restore_rng:
+        rngs = load_file(str(folder / RNG_FILE))
+        rank = 0 if single else dist.get_rank()
+        torch.set_rng_state(rngs.get(f"rng/rank{rank}", rngs["rng/rank0"]))
+
+
+def _sharded(model: torch.nn.Module) -> bool:
+    return any(hasattr(p, "device_mesh") for p in model.parameters())
+
+
+def _load_whole_into_sharded(
+    folder: Path,
+    state: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: Optimizer | None,
+    restore_rng: bool,
+) -> None:
+    """A single-process (safetensors) checkpoint into a sharded model: every rank reads
+    the whole tensors and keeps its shards; the optimizer state, saved by parameter
+    index, is matched to parameter names through the new optimizer's groups."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    whole = StateDictOptions(full_state_dict=True, strict=False)  # a tied head is not saved
+    set_model_state_dict(model, load_file(str(folder / WEIGHTS)), options=whole)
+    if optimizer is None and not restore_rng:
+        return
+    tensors = load_file(str(folder / TENSORS))
+    if optimizer is not None:
+        names = {id(p): n for n, p in model.named_parameters()}
+        for part, opt in _parts(optimizer).items():
+            saved = state["optimizer"][part]
+            order = [names[id(p)] for g in opt.param_groups for p in g["params"]]
+            groups = []
+            for live, group in zip(opt.param_groups, saved["param_groups"], strict=True):
+                named = [names[id(p)] for p in live["params"]]
+                groups.append({**group, "params": named})
+            per_name: dict[str, dict[str, Any]] = {}
+            for idx, entry in saved["state"].items():
+                values = dict(entry["values"])
+                for key in entry["tensors"]:
+                    values[key] = tensors[f"optimizer/{part}/{idx}/{key}"].clone()
+                per_name[order[int(idx)]] = values
+            set_optimizer_state_dict(
+                model, opt, {"state": per_name, "param_groups": groups}, options=whole
+            )
+    if restore_rng:
+        torch.set_rng_state(tensors[RNG_KEY])
 
 
 def _verified_state(folder: Path) -> dict[str, Any]:
@@ -236,6 +378,12 @@ def load_checkpoint(
     state, and the torch CPU generator when asked); return the JSON state."""
     folder = resolve_checkpoint(Path(folder))
     state = _verified_state(folder)
+    if state.get("format") == "dcp":
+        _load_distributed(folder, model, optimizer, restore_rng)
+        return state
+    if _sharded(model):
+        _load_whole_into_sharded(folder, state, model, optimizer, restore_rng)
+        return state
     missing, unexpected = model.load_state_dict(load_file(str(folder / WEIGHTS)), strict=False)
     tied = {"lm_head.weight"} if getattr(model.cfg, "tie_embeddings", False) else set()
     if set(missing) - tied or unexpected:

@@ -8,8 +8,9 @@ divided by the *global* count of supervised targets, so
   forward, and each micro-batch backpropagates numerator / global denominator;
 - gradients are summed over ranks (not averaged): each rank's gradient is already
   its share of the global objective. PyTorch's own engine does the summing, its
-  communication overlapping the backward pass: ``DistributedDataParallel`` with a
-  summing communication hook (``train.parallel = "ddp"``).
+  communication overlapping the backward pass: FSDP2 (``fully_shard`` per block,
+  gradient divide factor 1; ``train.parallel = "fsdp"``, the default) or
+  ``DistributedDataParallel`` with a summing communication hook (``"ddp"``).
 
 An uneven number of targets across ranks therefore weighs every target equally,
 which averaging per-rank means (what a plain DDP wrapper over a per-rank mean
@@ -50,7 +51,8 @@ class World:
     size: int = 1
     local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    parallel: str = "none"  # "none" | "ddp"
+    parallel: str = "none"  # "none" | "ddp" | "fsdp"
+    mesh: Any = field(default=None, compare=False)  # the 1-D DeviceMesh of the ranks (fsdp)
 
     @property
     def is_main(self) -> bool:
@@ -63,8 +65,8 @@ class World:
 
     def placed(self, device: str = "auto", parallel: str = "auto") -> World:
         """This world on the device and engine a recipe asks for (``train.device``,
-        ``train.parallel``): ``auto`` is CUDA when present, and ``ddp`` under torchrun
-        (``none`` in one process)."""
+        ``train.parallel``): ``auto`` is CUDA when present, and FSDP under torchrun
+        (``none`` in one process, where any engine is ``none``)."""
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cuda":
@@ -76,16 +78,26 @@ class World:
             where = torch.device("cpu")
         else:
             raise ValueError(f"train.device = {device!r}: choose auto, cpu or cuda")
-        if parallel == "auto":
-            parallel = "ddp" if self.distributed else "none"
-        if parallel not in ("none", "ddp"):
-            raise ValueError(f"train.parallel = {parallel!r}: choose auto, ddp or none")
+        if parallel == "auto" or not self.distributed:  # one rank has nothing to share
+            parallel = "fsdp" if self.distributed else "none"
+        if parallel not in ("none", "ddp", "fsdp"):
+            raise ValueError(f"train.parallel = {parallel!r}: choose auto, fsdp, ddp or none")
         if parallel == "none" and self.distributed:
             raise ValueError(
                 f"train.parallel = 'none' trains in one process, but torchrun started "
-                f"{self.size}; use 'ddp' (or 'auto')"
+                f"{self.size}; use 'fsdp' or 'ddp' (or 'auto')"
             )
-        return dataclasses.replace(self, device=where, parallel=parallel)
+        mesh = self.mesh
+        if parallel == "fsdp" and mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh(where.type, (self.size,))
+        return dataclasses.replace(self, device=where, parallel=parallel, mesh=mesh)
+
+    @property
+    def sharded(self) -> bool:
+        """Parameters, gradients and optimizer state are split over the ranks (FSDP)."""
+        return self.parallel == "fsdp"
 
     def to_device(self, batch: Any) -> Any:
         """A batch (anything with ``.to(device, non_blocking)``) on this world's device;
@@ -125,10 +137,38 @@ def _sum_gradients(group, bucket):
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
+def shard_model(model: torch.nn.Module, world: World, bf16_params: bool = False) -> None:
+    """Shard ``model`` over the ranks in place with FSDP2 (``fully_shard``): each
+    transformer block (``model.blocks``) is one unit, the rest (embedding, final norm,
+    head) the root's. Build the optimizer afterwards: sharding replaces the parameters.
+
+    Gradients are reduce-scattered with SUM (a divide factor of 1: the loss already
+    carries the global denominator). ``bf16_params`` (CUDA, ``train.precision =
+    "bf16"``) gathers parameters in bf16 and reduces gradients in fp32. On a model
+    still on the ``meta`` device this spends no memory; ``GPT.materialize`` then
+    gives each rank its shards. Does nothing unless the world is sharded.
+    """
+    if not world.sharded:
+        return
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy()
+    if bf16_params:
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in getattr(model, "blocks", []):
+        fully_shard(block, mesh=world.mesh, mp_policy=policy)
+    fully_shard(model, mesh=world.mesh, mp_policy=policy)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+
+
 def data_parallel(model: torch.nn.Module, world: World) -> torch.nn.Module:
-    """The module the training step calls: ``model`` itself in one process, else the
-    world's engine around it, set to sum gradients over ranks."""
-    if world.parallel == "none":
+    """The module the training step calls: ``model`` itself in one process or when it
+    is sharded (FSDP's own hooks gather and reduce), else DDP around it, set to sum
+    gradients over ranks."""
+    if world.parallel in ("none", "fsdp"):
         return model
     from torch.nn.parallel import DistributedDataParallel
 
@@ -192,5 +232,8 @@ def distributed_world() -> Iterator[World]:
     world = init_world()
     try:
         yield world
+        # Every rank reaches the end before the group goes: a rank tearing it down
+        # while another still finishes its last collective can abort that rank.
+        world.barrier()
     finally:
         shutdown_world(world)

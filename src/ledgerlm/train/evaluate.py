@@ -41,8 +41,11 @@ def weights_digest(model: torch.nn.Module) -> str:
     """Hash of every parameter's bytes: names the exact snapshot an evaluation scored."""
     h = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
+        tensor = tensor.detach()
+        if hasattr(tensor, "full_tensor"):  # a shard: every rank gathers the whole
+            tensor = tensor.full_tensor()
         h.update(name.encode())
-        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        h.update(tensor.cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -64,10 +67,17 @@ def evaluate(
     device = next(model.parameters()).device  # batches go where the weights are
     total = torch.zeros(len(domains), dtype=torch.float64, device=device)
     count = torch.zeros(len(domains), dtype=torch.float64, device=device)
-    for b in val[world.rank :: world.size]:
+    mine = val[world.rank :: world.size]
+    rounds = -(-len(val) // world.size) if world.sharded else len(mine)
+    for i in range(rounds):
+        # A sharded model gathers its weights in every forward, so every rank runs as
+        # many forwards as the rank with the most batches; a spare one scores nothing.
+        b = mine[i] if i < len(mine) else val[0]
         if device.type != "cpu":
             b = b.to(device, pin=True)
         logits = model(b.input_ids, b.position_ids, model.attention_spec(b.doc_ids, attention))
+        if i >= len(mine):
+            continue
         losses = per_target_loss(logits, b.targets)[b.loss_mask].double()
         dom = b.target_domains[b.loss_mask]
         total.index_add_(0, dom, losses)

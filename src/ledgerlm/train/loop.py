@@ -140,7 +140,12 @@ class Trainer:
             # names, so optimizer groups, state_dict, checkpoints and weight hashes are the
             # eager model's. Shapes are static (micro_batch_rows x seq_len); a smaller last
             # validation batch costs one extra compile instead of dynamic-shape kernels.
-            self.model.compile(dynamic=False)
+            # A sharded model is compiled block by block: FSDP's gathers stay between them.
+            if self.world.sharded:
+                for block in getattr(self.model, "blocks", []):
+                    block.compile(dynamic=False)
+            else:
+                self.model.compile(dynamic=False)
         if self.world.distributed and self.world.parallel == "none":
             raise ValueError(
                 f"{self.world.size} ranks need a data-parallel engine: World.placed(...)"
@@ -241,7 +246,7 @@ class Trainer:
     def _sync(self, last: bool) -> AbstractContextManager[Any]:
         """Gradients are summed over ranks once per update, in the last micro-batch's
         backward; the others accumulate locally."""
-        if last or self.engine is self.model:
+        if last or self.world.parallel != "ddp":  # FSDP reduce-scatters every backward
             return nullcontext()
         return self.engine.no_sync()  # type: ignore[operator]
 

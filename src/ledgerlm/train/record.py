@@ -32,8 +32,9 @@ class Section:
 class Recorder:
     """Receives what training reports; this base class keeps none of it."""
 
-    def start(self, kind: str, step: int | None = None) -> None:
-        """Open a section of ``kind`` at ``step``, ending the open one."""
+    def start(self, kind: str, step: int | None = None, **detail: Any) -> Any:
+        """Open a section of ``kind`` at ``step`` (with ``detail``), ending the open one."""
+        return Section(kind, None, dict(detail))
 
     def stop(self, step: int | None = None) -> None:
         """End the open section (if any) at ``step``."""
@@ -60,6 +61,9 @@ class Recorder:
         self, record: dict[str, Any], section: Section, counters: dict[str, float]
     ) -> None:
         """An evaluation's result, bound to the ``section`` it was made in."""
+
+    def counters(self, values: dict[str, float]) -> None:
+        """The run's counters as they stand (tokens, targets, updates, ...)."""
 
     def event(self, kind: str, message: str, step: int | None = None) -> None:
         """Something that happened at ``step`` (JSON or text ``message``)."""

@@ -27,13 +27,14 @@ def save_training(folder: Path, trainer, extra: dict[str, Any] | None = None) ->
     state = {
         **(extra or {}),
         "step": s.step,
+        "ranks": trainer.world.size,  # with grad_accum: the micro-batches of one update
         "counters": s.counters(),
         "trainer": trainer.state_dict(),
         # None marks a stream that cannot say where it stands: such a checkpoint is
         # refused for resuming rather than silently restarting the data.
         "data": state_dict() if state_dict else None,
     }
-    return save_checkpoint(folder, trainer.model, state, trainer.optimizer)
+    return save_checkpoint(folder, trainer.model, state, trainer.optimizer, trainer.world)
 
 
 def load_training(folder: Path, model: torch.nn.Module, optimizer: Optimizer) -> dict[str, Any]:

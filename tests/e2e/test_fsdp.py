@@ -37,6 +37,12 @@ def _torchrun(*args: str) -> list[str]:
     return [*run, "2", "-m", "ledgerlm", *args]
 
 
+def _on_two_ranks(*args: str) -> None:
+    """``torchrun --nproc-per-node 2 -m ledgerlm ARGS``, which must succeed."""
+    proc = subprocess.run(_torchrun(*args), capture_output=True, text=True, timeout=600, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def _show(ws: Path) -> dict:
     return json.loads(ledgerlm("ledger", "show", "latest", "-w", str(ws), "--json").stdout)
 
@@ -59,14 +65,7 @@ def _weights(ws: Path) -> dict[str, torch.Tensor]:
 def test_a_sharded_run_keeps_the_ledger_of_one_process(tmp_path):
     ws = tmp_path / "ws"
     sets = _sets("train.max_steps=20", "train.parallel=fsdp")
-    proc = subprocess.run(
-        _torchrun("run", str(TINY), "-w", str(ws), *sets),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=ENV,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _on_two_ranks("run", str(TINY), "-w", str(ws), *sets)
     two = _show(ws)
     state = read_json(ws / "runs" / two["run"]["id"] / "checkpoint" / "state.json")
     assert state["format"] == "dcp" and state["ranks"] == 2
@@ -97,14 +96,7 @@ def test_a_killed_sharded_run_resumes_on_two_ranks_bitwise_and_on_one_to_1e5(tmp
     sets = _sets("train.max_steps=60", "train.parallel=fsdp", "train.checkpoint_every=5")
     sets += _sets("eval.stop_at_target=false", "eval.every_steps=10")
     full, killed = tmp_path / "full", tmp_path / "killed"
-    done = subprocess.run(
-        _torchrun("run", str(TINY), "-w", str(full), *sets),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=ENV,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    _on_two_ranks("run", str(TINY), "-w", str(full), *sets)
 
     proc = subprocess.Popen(
         _torchrun("run", str(TINY), "-w", str(killed), *sets),
@@ -126,14 +118,7 @@ def test_a_killed_sharded_run_resumes_on_two_ranks_bitwise_and_on_one_to_1e5(tmp
     shutil.copytree(killed, alone)
     run_id = _show(killed)["run"]["id"]
 
-    resumed = subprocess.run(
-        _torchrun("resume", run_id, "-w", str(killed)),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=ENV,
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _on_two_ranks("resume", run_id, "-w", str(killed))
     expected = _weights(full)
     got = _weights(killed)
     assert expected.keys() == got.keys()
@@ -162,14 +147,7 @@ def test_continued_pretraining_on_two_sharded_ranks_scores_as_one_process(tmp_pa
     base = _show(ws)["run"]["id"]
     recipe = tmp_path / "more.toml"
     recipe.write_text(TINY.read_text().replace('name = "tiny"', 'name = "more"'))
-    proc = subprocess.run(
-        _torchrun("train", str(recipe), "--init-from", base, "-w", str(ws), *short),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=ENV,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _on_two_ranks("train", str(recipe), "--init-from", base, "-w", str(ws), *short)
     two = _show(ws)
     assert two["run"]["recipe"]["train"]["init_from"] == base
     ledgerlm(

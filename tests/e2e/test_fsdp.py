@@ -91,9 +91,8 @@ def _checkpoint_step(ws: Path) -> int:
     return -1
 
 
-@pytest.mark.slow
 def test_a_killed_sharded_run_resumes_on_two_ranks_bitwise_and_on_one_to_1e5(tmp_path):
-    sets = _sets("train.max_steps=60", "train.parallel=fsdp", "train.checkpoint_every=5")
+    sets = _sets("train.max_steps=40", "train.parallel=fsdp", "train.checkpoint_every=5")
     sets += _sets("eval.stop_at_target=false", "eval.every_steps=10")
     full, killed = tmp_path / "full", tmp_path / "killed"
     _on_two_ranks("run", str(TINY), "-w", str(full), *sets)
@@ -127,7 +126,7 @@ def test_a_killed_sharded_run_resumes_on_two_ranks_bitwise_and_on_one_to_1e5(tmp
     ledgerlm("resume", run_id, "-w", str(alone))  # one process: the checkpoint resharded
     full_steps = _steps(full, _show(full)["run"]["id"])
     alone_steps = _steps(alone, run_id)
-    assert [r["step"] for r in alone_steps] == list(range(1, 61))
+    assert [r["step"] for r in alone_steps] == list(range(1, 41))
     for a, b in zip(alone_steps, full_steps, strict=True):
         assert (a["tokens"], a["targets"]) == (b["tokens"], b["targets"])  # same batches
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6)
@@ -163,3 +162,25 @@ def test_continued_pretraining_on_two_sharded_ranks_scores_as_one_process(tmp_pa
     assert [e["step"] for e in two["evaluations"]] == [e["step"] for e in one["evaluations"]]
     for x, y in zip(two["evaluations"], one["evaluations"], strict=True):
         assert x["metrics"]["loss"] == pytest.approx(y["metrics"]["loss"], rel=1e-5)
+
+
+def test_asynchronous_evaluation_on_two_ranks_gives_the_one_process_evaluations(tmp_path):
+    """Under torchrun an asynchronous evaluation is scored in pieces at the next update
+    boundaries (a thread cannot join collectives): the same snapshots and figures as the
+    one-process background evaluation."""
+    ws = tmp_path / "ws"
+    common = ["train.max_steps=20", "eval.asynchronous=true", "eval.every_steps=5"]
+    sets = _sets(*common, "eval.stop_at_target=false")
+    _on_two_ranks("run", str(TINY), "-w", str(ws), *sets, *_sets("train.parallel=ddp"))
+    two = _show(ws)
+    ledgerlm("run", str(TINY), "-w", str(ws), *sets, *_sets("train.grad_accum=2"))
+    one = _show(ws)
+    assert [e["step"] for e in two["evaluations"]] == [5, 10, 15, 20]
+    for a, b in zip(two["evaluations"], one["evaluations"], strict=True):
+        assert (a["step"], a["snapshot"], a["tokens"]) == (b["step"], b["snapshot"], b["tokens"])
+        for name, value in b["metrics"].items():
+            assert a["metrics"][name] == pytest.approx(value, rel=1e-9), name
+    pieces = [p for p in two["phases"] if p["detail"].get("asynchronous")]
+    assert {p["detail"]["snapshot_step"] for p in pieces} == {5, 10, 15, 20}
+    later = [p for p in pieces if p["step_start"] > p["detail"]["snapshot_step"]]
+    assert later, "no piece ran after the update it scores: training did not go on"

@@ -110,11 +110,6 @@ def failing(recorder: LedgerRecorder) -> Iterator[None]:
 
 
 def check_contract(recipe: Recipe, world: World) -> None:
-    if recipe.eval.asynchronous and world.distributed:
-        raise ValueError(
-            "eval.asynchronous = true runs evaluation in a background thread, which cannot "
-            "take part in torchrun's collectives; use synchronous evaluation under torchrun"
-        )
     if recipe.train.optimizer == "muon" and world.sharded:
         raise ValueError(
             "train.optimizer = 'muon' orthogonalizes whole matrices, which FSDP shards; "

@@ -9,10 +9,11 @@ import copy
 import hashlib
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -49,7 +50,69 @@ def weights_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-@torch.no_grad()
+class Scoring:
+    """One evaluation's per-domain loss sums, batch by batch, so it can be done in
+    pieces (``advance``) and finished later (``metrics``).
+
+    Under ``torchrun`` each rank scores every ``size``-th batch and the sums are
+    all-reduced, so every rank gets the same figures as one process would. A sharded
+    model gathers its weights in every forward, so every rank then runs as many
+    forwards as the rank with the most batches (a spare one scores nothing).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        val: Sequence[Batch],
+        attention: str,
+        domains: Sequence[str],
+        world: World | None = None,
+    ) -> None:
+        self.model, self.val, self.attention, self.domains = model, val, attention, domains
+        self.world = world or World()
+        self.device = next(model.parameters()).device  # batches go where the weights are
+        self.mine = val[self.world.rank :: self.world.size]
+        self.rounds = -(-len(val) // self.world.size) if self.world.sharded else len(self.mine)
+        self.done = 0
+        self.total = torch.zeros(len(domains), dtype=torch.float64, device=self.device)
+        self.count = torch.zeros(len(domains), dtype=torch.float64, device=self.device)
+
+    @torch.no_grad()
+    def advance(self, rounds: int | None = None) -> bool:
+        """Score up to ``rounds`` more batches on every rank (all that are left when
+        None); True once every batch is scored."""
+        self.model.eval()
+        end = self.rounds if rounds is None else min(self.rounds, self.done + rounds)
+        for i in range(self.done, end):
+            b = self.mine[i] if i < len(self.mine) else self.val[0]
+            if self.device.type != "cpu":
+                b = b.to(self.device, pin=True)
+            mask = self.model.attention_spec(b.doc_ids, self.attention)
+            logits = self.model(b.input_ids, b.position_ids, mask)
+            if i >= len(self.mine):
+                continue
+            losses = per_target_loss(logits, b.targets)[b.loss_mask].double()
+            dom = b.target_domains[b.loss_mask]
+            self.total.index_add_(0, dom, losses)
+            self.count.index_add_(0, dom, torch.ones_like(losses))
+        self.done = end
+        return self.done == self.rounds
+
+    def metrics(self) -> dict[str, float]:
+        """Token-mean loss (nat/token) overall and per domain, summed over the ranks."""
+        total, count = self.total.cpu(), self.count.cpu()
+        n = len(self.domains)
+        if self.world.distributed:
+            summed = self.world.all_reduce(torch.cat([total, count]).tolist(), torch.float64)
+            sums = torch.tensor(summed, dtype=torch.float64)
+            total, count = sums[:n], sums[n:]
+        metrics = {"loss": float(total.sum() / count.sum())}
+        for i, name in enumerate(self.domains):
+            if count[i] > 0:
+                metrics[f"loss/{name}"] = float(total[i] / count[i])
+        return metrics
+
+
 def evaluate(
     model: torch.nn.Module,
     val: Sequence[Batch],
@@ -57,41 +120,34 @@ def evaluate(
     domains: Sequence[str],
     world: World | None = None,
 ) -> dict[str, float]:
-    """Token-mean loss (nat/token) overall and per domain of the target's document.
+    """Token-mean loss (nat/token) overall and per domain of the target's document
+    (every rank under ``torchrun``; see ``Scoring``)."""
+    scoring = Scoring(model, val, attention, domains, world)
+    scoring.advance()
+    return scoring.metrics()
 
-    Under ``torchrun`` each rank scores every ``size``-th batch and the sums are
-    all-reduced, so every rank gets the same figures as one process would.
-    """
-    world = world or World()
-    model.eval()
-    device = next(model.parameters()).device  # batches go where the weights are
-    total = torch.zeros(len(domains), dtype=torch.float64, device=device)
-    count = torch.zeros(len(domains), dtype=torch.float64, device=device)
-    mine = val[world.rank :: world.size]
-    rounds = -(-len(val) // world.size) if world.sharded else len(mine)
-    for i in range(rounds):
-        # A sharded model gathers its weights in every forward, so every rank runs as
-        # many forwards as the rank with the most batches; a spare one scores nothing.
-        b = mine[i] if i < len(mine) else val[0]
-        if device.type != "cpu":
-            b = b.to(device, pin=True)
-        logits = model(b.input_ids, b.position_ids, model.attention_spec(b.doc_ids, attention))
-        if i >= len(mine):
-            continue
-        losses = per_target_loss(logits, b.targets)[b.loss_mask].double()
-        dom = b.target_domains[b.loss_mask]
-        total.index_add_(0, dom, losses)
-        count.index_add_(0, dom, torch.ones_like(losses))
-    total, count = total.cpu(), count.cpu()
-    if world.distributed:
-        summed = world.all_reduce(torch.cat([total, count]).tolist(), torch.float64)
-        sums = torch.tensor(summed, dtype=torch.float64)
-        total, count = sums[: len(domains)], sums[len(domains) :]
-    metrics = {"loss": float(total.sum() / count.sum())}
-    for i, name in enumerate(domains):
-        if count[i] > 0:
-            metrics[f"loss/{name}"] = float(total[i] / count[i])
-    return metrics
+
+@contextmanager
+def swapped(model: torch.nn.Module, weights: list[torch.Tensor]) -> Iterator[None]:
+    """``model`` with ``weights`` (its parameters' local data, in order) in place of its
+    own for the length of the block; its own are put back bitwise."""
+    params = [_local(p) for p in model.parameters()]
+    own = [p.clone() for p in params]
+    with torch.no_grad():
+        for p, w in zip(params, weights, strict=True):
+            p.copy_(w)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, w in zip(params, own, strict=True):
+                p.copy_(w)
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """A parameter's data on this rank (its shard when it is sharded)."""
+    p = p.detach()
+    return p.to_local() if hasattr(p, "to_local") else p
 
 
 @dataclass
@@ -109,6 +165,13 @@ class EvalCallback:
     for the result, if any), so time-to-target runs until the result was known. The
     phase detail keeps the evaluation's own wall and compute (thread CPU) seconds.
     One evaluation is in flight at a time; the last one is always synchronous.
+
+    Under ``torchrun`` a background thread cannot take part in the ranks' collectives
+    (and a sharded model cannot be copied), so every rank keeps a copy of its own
+    parameters' data at the due step and scores it ``PIECE_ROUNDS`` batches at a time
+    at the following update boundaries, swapping it in for the length of each piece:
+    an ``eval`` phase each, the last one holding the result. Every rank finishes at the
+    same boundary, so the confirmation rule stops them all after the same update.
     """
 
     val: list[Batch]
@@ -121,6 +184,8 @@ class EvalCallback:
     _prev_tokens: int = 0
     _pending: tuple[Future, dict[str, Any]] | None = None
     _pool: ThreadPoolExecutor | None = None
+    _pieces: tuple[Scoring, list[torch.Tensor], dict[str, Any]] | None = None
+    PIECE_ROUNDS: ClassVar[int] = 1  # batches per rank scored at each update boundary
 
     def on_train_start(self, trainer) -> None:
         self._prev_tokens = trainer.state.tokens
@@ -165,8 +230,16 @@ class EvalCallback:
         return self._record(record, trainer, section)
 
     def submit(self, trainer) -> None:
-        """Copy the weights and score the copy in the background."""
+        """Copy the weights and score the copy in the background (in one process) or in
+        pieces at the following update boundaries (under torchrun, where only the
+        ranks' main threads may take part in collectives)."""
         self.collect(trainer, wait=True)
+        if trainer.world.distributed:
+            base = {**self._base(trainer), "snapshot": weights_digest(trainer.model)}
+            weights = [_local(p).clone() for p in trainer.model.parameters()]
+            scoring = Scoring(trainer.model, self.val, self.attention, self.domains, trainer.world)
+            self._pieces = (scoring, weights, base)
+            return
         snapshot_model = copy.deepcopy(trainer.model)
         # An in-place compiled module would call the original's compiled forward.
         if getattr(snapshot_model, "_compiled_call_impl", None) is not None:
@@ -186,6 +259,8 @@ class EvalCallback:
 
     def collect(self, trainer, wait: bool) -> dict[str, Any] | None:
         """Record a finished background evaluation (waiting for it when ``wait``)."""
+        if self._pieces is not None:
+            return self._next_piece(trainer, wait)
         if self._pending is None or not (wait or self._pending[0].done()):
             return None
         future, base = self._pending
@@ -198,6 +273,20 @@ class EvalCallback:
                 eval_wall_seconds=round(wall, 6),
                 eval_compute_seconds=round(cpu, 6),
             )
+        return self._record({**base, "metrics": metrics}, trainer, section)
+
+    def _next_piece(self, trainer, wait: bool) -> dict[str, Any] | None:
+        """Score the snapshot on one more batch per rank (all the rest when ``wait``),
+        as an ``eval`` phase cutting training; record it once every batch is scored."""
+        scoring, weights, base = self._pieces
+        with trainer.recorder.interrupt("eval", trainer.state.step) as section:
+            section.detail.update(asynchronous=True, snapshot_step=base["step"])
+            with swapped(trainer.model, weights):
+                done = scoring.advance(None if wait else self.PIECE_ROUNDS)
+            metrics = scoring.metrics() if done else None
+        if metrics is None:
+            return None
+        self._pieces = None
         return self._record({**base, "metrics": metrics}, trainer, section)
 
     def _record(self, record: dict[str, Any], trainer, section: Section) -> dict[str, Any]:

@@ -1,3 +1,5 @@
+import io
+
 import pytest
 import torch
 
@@ -31,3 +33,21 @@ def test_corrupted_weights_are_refused(tmp_path):
     (folder / WEIGHTS).write_bytes(bytes(data))
     with pytest.raises(ValueError, match="checksum mismatch"):
         load_checkpoint(folder, GPT(CFG, 30))
+
+
+def test_dcp_metadata_is_read_without_running_code():
+    """A DCP ``.metadata`` file is a pickle: the loader accepts DCP's own classes and
+    refuses anything else a tampered file could name."""
+    import os
+    import pickle
+
+    from ledgerlm.train.checkpoint import _MetadataUnpickler
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("true",))
+
+    with pytest.raises(pickle.UnpicklingError, match="may not name"):
+        _MetadataUnpickler(io.BytesIO(pickle.dumps(Evil()))).load()
+    fine = pickle.dumps((torch.Size([2, 3]), torch.float32))
+    assert _MetadataUnpickler(io.BytesIO(fine)).load() == (torch.Size([2, 3]), torch.float32)

@@ -6,7 +6,9 @@ A checkpoint folder holds ``model.safetensors`` (weights), ``state.safetensors``
 recipe digest). ``state.json`` carries the sha256 of every other file and of its
 own content, and loading checks them all before touching the model.
 
-Loading never unpickles anything: tensors are safetensors or DCP, the rest is JSON.
+Loading never unpickles code: tensors are safetensors or DCP, the rest is JSON; a
+DCP checkpoint's metadata (a pickle PyTorch writes) is read by an unpickler that
+accepts DCP's own metadata classes only, its other values as ``weights_only``.
 
 A sharded model (FSDP, ``train.parallel = "fsdp"``) is saved by every rank at once
 with ``torch.distributed.checkpoint`` (DCP): ``dcp/`` holds each rank's shards of
@@ -27,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
 import tempfile
@@ -290,7 +293,8 @@ def _load_distributed(
     single = not dist.is_initialized()
     with warnings.catch_warnings():  # one process reading a sharded checkpoint is intended
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp.load(sd, checkpoint_id=folder / DCP_DIR, no_dist=single)
+        reader, planner = _safe_dcp_reading(folder / DCP_DIR)
+        dcp.load(sd, storage_reader=reader, planner=planner, no_dist=single)
     if optimizer is None:
         set_model_state_dict(model, sd["model"])
     else:
@@ -302,6 +306,67 @@ def _load_distributed(
         rngs = load_file(str(folder / RNG_FILE))
         rank = 0 if single else dist.get_rank()
         torch.set_rng_state(rngs.get(f"rng/rank{rank}", rngs["rng/rank0"]))
+
+
+# The classes a DCP ``.metadata`` file may name; loading refuses any other (it is a
+# pickle, and an unrestricted unpickler would run whatever a tampered file asks for).
+_DCP_CLASSES = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorProperties",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = name in _DCP_CLASSES.get(module, ())
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            allowed = True
+        if not allowed:
+            raise pickle.UnpicklingError(f"a DCP checkpoint may not name {module}.{name}")
+        return super().find_class(module, name)
+
+
+def _safe_dcp_reading(folder: Path) -> tuple[Any, Any]:
+    """A DCP reader and load planner that unpickle nothing but DCP's own metadata
+    classes and plain values (tensors are read with ``weights_only`` by DCP itself)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class Reader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            rank = kwargs.get("rank")
+            name = ".metadata" if rank is None else f"__{rank}.metadata"
+            with open(Path(self.path) / name, "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    class Planner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            obj = torch.load(value, weights_only=True)  # ints, floats, lists, dicts
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = obj
+
+    return Reader(folder), Planner()
 
 
 def _sharded(model: torch.nn.Module) -> bool:

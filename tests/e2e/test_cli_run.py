@@ -163,6 +163,13 @@ def test_data_prepare_and_inspect(tmp_path):
 
 
 def test_every_command_has_help():
+    """The installed console script answers --help; every command does, in process."""
+    from typer.testing import CliRunner
+
+    from ledgerlm.cli.main import app
+
+    assert "Usage" in ledgerlm("--help").stdout
+    runner = CliRunner()
     for args in (
         [],
         ["run"],
@@ -175,9 +182,14 @@ def test_every_command_has_help():
         ["ledger"],
         ["ledger", "list"],
         ["ledger", "show"],
+        ["resume"],
+        ["train"],
+        ["export", "hf"],
+        ["report"],
+        ["scale", "plan"],
     ):
-        proc = ledgerlm(*args, "--help")
-        assert "Usage" in proc.stdout, args
+        result = runner.invoke(app, [*args, "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0 and "Usage" in result.output, args
 
 
 def test_run_stores_the_resolved_recipe(tiny_workspace):

@@ -145,8 +145,11 @@ class Workspace:
         """A version exists only once its manifest has been renamed into place."""
         return (self.version_dir(kind, version) / MANIFEST).is_file()
 
-    def published(self, kind: str, version: str, started: float) -> BuiltVersion:
-        """The finished ``version``; ``started`` is the caller's ``time.perf_counter()``."""
+    def published(
+        self, kind: str, version: str, started: float, reused: bool = False
+    ) -> BuiltVersion:
+        """The finished ``version``; ``started`` is the caller's ``time.perf_counter()``;
+        ``reused``: another call built it."""
         folder = self.version_dir(kind, version)
         info = folder / BUILD_INFO
         return BuiltVersion(
@@ -154,7 +157,7 @@ class Workspace:
             version,
             folder,
             self.manifest(kind, version),
-            reused=False,
+            reused=reused,
             seconds=time.perf_counter() - started,
             build_seconds=read_json(info)["build_seconds"] if info.is_file() else None,
         )
@@ -163,8 +166,7 @@ class Workspace:
         """The finished version if it already exists, marked as reused; else None."""
         if not self.has_version(kind, version):
             return None
-        found = self.published(kind, version, started)
-        return BuiltVersion(**{**found.__dict__, "reused": True})
+        return self.published(kind, version, started, reused=True)
 
     def manifest(self, kind: str, version: str) -> dict[str, Any]:
         path = self.version_dir(kind, version) / MANIFEST

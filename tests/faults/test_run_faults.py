@@ -35,6 +35,13 @@ def _one_error_line(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+def _latest(ws: Path) -> tuple[dict, dict]:
+    """The newest run of the workspace's ledger and its summary."""
+    with Ledger(ws / "ledger.db") as ledger:
+        run = ledger.list_runs()[0]
+        return run, ledger.run_summary(run["id"])
+
+
 def _tree(root: Path) -> dict[str, str]:
     return {
         str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -118,9 +125,7 @@ def test_a_full_disk_during_a_checkpoint_fails_the_run_cleanly(prepared, tmp_pat
     )
     line = _one_error_line(proc)
     assert "checkpoint at step 5 not written (File too large)" in line
-    with Ledger(ws / "ledger.db") as ledger:
-        run = ledger.list_runs()[0]
-        summary = ledger.run_summary(run["id"])
+    run, summary = _latest(ws)
     assert run["status"] == "failed"
     assert summary["open_phases"] == 0
     (error,) = [e for e in summary["events"] if e["kind"] == "error"]
@@ -151,9 +156,7 @@ def test_a_non_finite_loss_is_one_line_under_both_policies(prepared, tmp_path, p
     )
     line = _one_error_line(proc)
     assert "non-finite" in line
-    with Ledger(ws / "ledger.db") as ledger:
-        run = ledger.list_runs()[0]
-        summary = ledger.run_summary(run["id"])
+    run, summary = _latest(ws)
     assert run["status"] == "failed"
     events = [e for e in summary["events"] if e["kind"] == "nonfinite"]
     assert events and json.loads(events[0]["message"])["policy"] == policy

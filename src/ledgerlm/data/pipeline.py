@@ -170,9 +170,7 @@ def prepare_data(
             except ReaderError as err:  # an input that changed or vanished since it was listed
                 raise DataError(str(err)) from None
     except AlreadyPublished:
-        return workspace.reuse("data", version, start) or workspace.published(
-            "data", version, start
-        )
+        return workspace.published("data", version, start, reused=True)
     return workspace.published("data", version, start)
 
 

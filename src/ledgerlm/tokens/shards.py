@@ -78,9 +78,7 @@ def build_tokens(
         with workspace.building("tokens", version, progress=progress) as tmp:
             _build(data, cfg, version, source, tmp, progress, start)
     except AlreadyPublished:  # another process built it while this one waited
-        return workspace.reuse("tokens", version, start) or workspace.published(
-            "tokens", version, start
-        )
+        return workspace.published("tokens", version, start, reused=True)
     return workspace.published("tokens", version, start)
 
 

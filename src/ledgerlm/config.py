@@ -8,6 +8,7 @@ default. A run stores the fully resolved recipe (``Recipe.model_dump``).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 import tomllib
@@ -95,6 +96,7 @@ class InputConfig(_Section):
 # The union member of a source is picked by the input's shape, so a table's error names
 # its own key (``data.sources.0.bogus``) rather than "not a valid string".
 _SOURCE_TAGS = ("path", "table")
+_WEIGHT_TAGS = ("natural", "table")  # a mixture's weights: "natural" or a table (see _weights_kind)
 
 
 def _source_kind(value: Any) -> str | None:
@@ -186,6 +188,112 @@ class ContaminationConfig(_Section):
     drop: bool = Field(False, description="Drop training documents that overlap an eval file.")
 
 
+MIX_SUM_TOLERANCE = 1e-6  # a mixture's weights must sum to 1 within this
+
+
+def _check_weights(weights: dict[str, float], where: str) -> dict[str, float]:
+    if not weights:
+        raise ValueError(f"{where}: name at least one domain")
+    for name, w in weights.items():
+        if not name:
+            raise ValueError(f"{where}: a domain name is empty")
+        if w < 0:
+            raise ValueError(f"{where}: {name} = {w:g} is negative")
+    total = sum(weights.values())
+    if abs(total - 1.0) > MIX_SUM_TOLERANCE:
+        shown_weights = ", ".join(f"{k} = {v:g}" for k, v in weights.items())
+        raise ValueError(
+            f"{where} sum to {total:.9g}, not 1 (within {MIX_SUM_TOLERANCE:g}): {{{shown_weights}}}"
+        )
+    return weights
+
+
+def _weights_kind(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "natural"
+    return "table" if isinstance(value, dict) else None
+
+
+MixWeights = Annotated[
+    Union[  # noqa: UP007
+        Annotated[Literal["natural"], Tag("natural")],
+        Annotated[dict[str, float], Tag("table")],
+    ],
+    Discriminator(
+        _weights_kind,
+        custom_error_type="mixture",
+        custom_error_message='expected "natural" or a table {domain = share, ...}',
+    ),
+]
+
+
+class MixtureStage(_Section):
+    """One stage of a staged mixture: these weights until ``until``."""
+
+    until: int | float = Field(
+        description="End of the stage: a share of the run's token budget (a float in "
+        "(0, 1]) or a count of training tokens (an integer)."
+    )
+    weights: MixWeights = Field(description='Domain weights, or "natural".')
+
+    @model_validator(mode="after")
+    def _valid(self) -> MixtureStage:
+        if isinstance(self.until, float) and not 0 < self.until <= 1:
+            raise ValueError(
+                f"until = {self.until:g}: a float is a share of the token budget, in (0, 1]; "
+                "write a token count as an integer"
+            )
+        if isinstance(self.until, int) and self.until < 1:
+            raise ValueError(f"until = {self.until}: a token count must be at least 1")
+        if isinstance(self.weights, dict):
+            _check_weights(self.weights, "weights")
+        return self
+
+
+class MixtureConfig(_Section):
+    """D8: how much of each domain training sees (token-level weights).
+
+    ``weights = "natural"`` visits every train document once per epoch (dedup weights
+    apply); a table ``{code = 0.3, ...}`` gives each named domain that share of the
+    training tokens (domains left out get none). Stages run first, in order, each
+    until its ``until``; ``weights`` applies after the last stage.
+    """
+
+    weights: MixWeights = Field(
+        "natural",
+        description='"natural", or {domain = share, ...} summing to 1 (shares of training tokens).',
+    )
+    stages: list[MixtureStage] = Field(
+        default_factory=list, description="Earlier mixtures, each until a point of the run."
+    )
+    max_epochs: float = Field(
+        4.0,
+        gt=0,
+        description="Warn when a domain's expected exposure (tokens seen / unique tokens) "
+        "exceeds this many epochs.",
+    )
+
+    @model_validator(mode="after")
+    def _valid(self) -> MixtureConfig:
+        if isinstance(self.weights, dict):
+            _check_weights(self.weights, "weights")
+        for kind in (int, float):
+            ends = [s.until for s in self.stages if isinstance(s.until, kind)]
+            if any(b <= a for a, b in itertools.pairwise(ends)):
+                raise ValueError(f"stages: until must increase from stage to stage, got {ends}")
+        return self
+
+    @property
+    def natural(self) -> bool:
+        """Whether this is today's sampling: no weights and no stages."""
+        return self.weights == "natural" and not self.stages
+
+    def named_domains(self) -> set[str]:
+        """Every domain the mixture names."""
+        tables = [self.weights, *(s.weights for s in self.stages)]
+        return {d for t in tables if isinstance(t, dict) for d in t}
+
+
 class DataConfig(_Section):
     """The data stage: read, clean, deduplicate and split into a versioned dataset."""
 
@@ -217,6 +325,10 @@ class DataConfig(_Section):
     shard_docs: int = Field(2_000, ge=1, description="Documents per Parquet shard.")
     executor: Literal["local", "ray"] = "local"
     workers: int = Field(0, ge=0, description="Parallel shard workers; 0 = all cores.")
+    mixture: MixtureConfig = Field(
+        default_factory=MixtureConfig,
+        description="How training samples the domains; not part of the data version.",
+    )
 
     @model_validator(mode="after")
     def _held_out_leaves_train(self) -> DataConfig:
@@ -385,6 +497,12 @@ class EvalConfig(_Section):
         description="loss (nat/token over all domains) or loss/<domain>.",
     )
     target_loss: float = Field(4.0, gt=0, description="Validation loss (nat/token) to confirm.")
+    targets: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict,
+        description="Per-domain thresholds, e.g. {code = 3.1, math = 2.4}: an evaluation "
+        "confirms only when every listed domain's loss is at or below its own threshold "
+        "as well as the metric at or below target_loss.",
+    )
     confirm: int = Field(
         1,
         ge=1,
@@ -410,6 +528,7 @@ class EvalConfig(_Section):
             "metric": self.metric,
             "unit": "nat/token",
             "threshold": self.target_loss,
+            "targets": dict(self.targets),
             "confirm": self.confirm,
             "every_steps": None if self.every_tokens else self.every_steps,
             "every_tokens": self.every_tokens or None,
@@ -486,13 +605,15 @@ def _describe(err: ValidationError, origin: str) -> str:
         p
         for i, p in enumerate(loc)
         if not (i and isinstance(loc[i - 1], int) and p in _SOURCE_TAGS)
+        and not (i and loc[i - 1] == "weights" and p in _WEIGHT_TAGS)
     ]
     where = ".".join(str(p) for p in loc) or "(recipe)"
     if first["type"] == "extra_forbidden":
         return f"{origin}: unknown key '{where}'"
     if first["type"] == "finite_number":
         return f"{origin}: {where}: must be a finite number, got {first['input']!r}"
-    return f"{origin}: {where}: {first['msg']}"
+    msg = first["msg"].removeprefix("Value error, ")
+    return f"{origin}: {where}: {msg}"
 
 
 def recipe_from_dict(tree: dict[str, Any], origin: str = "<recipe>") -> Recipe:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ledgerlm.ledger import Ledger, LedgerError, time_to_target
+from ledgerlm.ledger.store import SCHEMA_VERSION
 from seed_ledger import THRESHOLD, seed_run
 
 
@@ -175,7 +176,7 @@ def test_second_ledger_sees_rows_and_file_is_sound(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        assert version[0] == "2"
+        assert version[0] == str(SCHEMA_VERSION)
     conn.close()
 
 
@@ -346,19 +347,21 @@ def test_a_version_1_file_is_migrated_and_its_rows_still_load(tmp_path: Path) ->
         assert summary["phase_totals"] == {"prep": 2.5, "eval": 1.0, "train": 0.0}
         assert summary["open_phases"] == 1
         assert summary["evaluations"][0]["metrics"] == {"loss": 2.5}
+        assert summary["evaluations"][0]["consumed"] == {}  # a column added later: empty
         assert summary["time_to_target"]["seconds"] == pytest.approx(3.5)
         # The migrated file takes the new writes.
         ledger.beat(3, step=12)
         (closed,) = ledger.close_open_phases("old-run", "resume")
         assert closed["seconds"] > 0 and closed["step_end"] == 12
     assert _columns(path, "phases")[-1] == "beat_at"
+    assert _columns(path, "evaluations")[-1] == "consumed_json"
     with Ledger(path) as again:  # a second open changes nothing
         assert again.run_summary("old-run")["open_phases"] == 0
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'")
-        assert version.fetchone()[0] == "2"
+        assert version.fetchone()[0] == str(SCHEMA_VERSION)
     finally:
         conn.close()
 
@@ -367,10 +370,12 @@ def test_a_file_from_newer_code_is_refused_untouched(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
     _old_ledger(path)
     conn = sqlite3.connect(path)
-    conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    newer = SCHEMA_VERSION + 1
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(newer),))
     conn.commit()
     conn.close()
-    with pytest.raises(LedgerError, match="schema_version 3, this code reads up to 2"):
+    match = f"schema_version {newer}, this code reads up to {SCHEMA_VERSION}"
+    with pytest.raises(LedgerError, match=match):
         Ledger(path)
     assert "beat_at" not in _columns(path, "phases")  # the refusal rolled back
 

@@ -16,6 +16,7 @@ from ledgerlm.cli.render import (
     counters_table,
     coverage_lines,
     evaluations_table,
+    mixture_table,
     phase_table,
     target_contract_line,
     target_line,
@@ -23,6 +24,7 @@ from ledgerlm.cli.render import (
 )
 from ledgerlm.cli.ui import DEFAULT_WS, JsonOpt, WorkspaceOpt, console, friendly_errors
 from ledgerlm.lab.status import with_liveness
+from ledgerlm.ledger.mixture import realised
 from ledgerlm.ledger.store import Ledger
 from ledgerlm.workspace import Workspace
 
@@ -65,10 +67,12 @@ def show(
     workspace: WorkspaceOpt = DEFAULT_WS,
     as_json: JsonOpt = False,
 ) -> None:
-    """Phases with seconds, counters, every evaluation and the time-to-target of one run."""
+    """Phases with seconds, counters, the mixture (configured weights beside the tokens
+    consumed per domain), every evaluation and the time-to-target of one run."""
     with _open(workspace) as ledger:
         summary = ledger.run_summary(ledger.resolve_run(run))
     (summary["run"],) = with_liveness(Workspace(workspace), [summary["run"]])
+    summary["mixture"] = realised(summary)
     if as_json:
         console.print_json(json.dumps(summary))
         return
@@ -80,6 +84,8 @@ def show(
         )
     )
     console.print(counters_table(summary))
+    if rows := realised(summary):
+        console.print(mixture_table(rows))
     console.print(evaluations_table(summary))
     console.print(phase_table(summary))
     for line in coverage_lines(summary):
@@ -156,6 +162,11 @@ def compare(
             console.print(f"    ... {len(c['recipe_diff']) - 8} more", highlight=False)
         if c.get("final"):
             console.print(f"    {escape(c['final'])}", highlight=False)
+        if deltas := [d for d in c["domains"] if d["delta"] is not None]:
+            cells = ", ".join(f"{d['domain']} {d['delta']:+.4f}" for d in deltas)
+            console.print(
+                f"    final val loss by domain vs baseline: {escape(cells)}", highlight=False
+            )
     for g in result["seed_groups"]:
         if g["n"] < 2:
             continue

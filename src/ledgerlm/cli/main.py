@@ -8,7 +8,16 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from ledgerlm.cli import config_cmd, data_cmd, export_cmd, ledger_cmd, report_cmd, scale_cmd
+from ledgerlm.cli import (
+    config_cmd,
+    data_cmd,
+    export_cmd,
+    ledger_cmd,
+    mix_cmd,
+    report_cmd,
+    scale_cmd,
+)
+from ledgerlm.cli.mix_cmd import print_plan
 from ledgerlm.cli.recipes import shipped_recipe
 from ledgerlm.cli.render import (
     continued_rows,
@@ -16,6 +25,7 @@ from ledgerlm.cli.render import (
     counters_table,
     evaluations_table,
     funnel_table,
+    mixture_table,
     phase_table,
     target_contract_line,
     target_line,
@@ -25,6 +35,7 @@ from ledgerlm.cli.ui import DEFAULT_WS, RichProgress, SetOpt, WorkspaceOpt, cons
 from ledgerlm.config import load_recipe
 from ledgerlm.lab.resume import resume_run
 from ledgerlm.lab.run import RunResult, run_recipe
+from ledgerlm.ledger.mixture import realised
 from ledgerlm.train.distributed import distributed_world
 from ledgerlm.workspace import Workspace
 
@@ -41,6 +52,7 @@ app.add_typer(data_cmd.app, name="data")
 app.add_typer(ledger_cmd.app, name="ledger")
 app.add_typer(export_cmd.app, name="export")
 app.add_typer(scale_cmd.app, name="scale")
+app.add_typer(mix_cmd.app, name="mix")
 app.command("report")(report_cmd.report)
 
 
@@ -50,6 +62,8 @@ def _print_result(result: RunResult) -> None:
     console.print(funnel_table(result.data.manifest, result.tokens.manifest))
     console.print()
     console.print(counters_table(s))
+    console.print()
+    console.print(mixture_table(realised(s)))
     console.print()
     console.print(evaluations_table(s, limit=8))
     console.print()
@@ -73,7 +87,13 @@ def _run(recipe_path: Path, workspace: Path, overrides: list[str] | None) -> Non
             run_recipe(recipe, Workspace(workspace), world=world)
             return
         with RichProgress() as progress:
-            result = run_recipe(recipe, Workspace(workspace), progress, world)
+            result = run_recipe(
+                recipe,
+                Workspace(workspace),
+                progress,
+                world,
+                on_plan=lambda planned: print_plan(planned.to_dict()),
+            )
     _print_result(result)
 
 

@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ledgerlm.cli.ui import fmt_seconds
+from ledgerlm.ledger.mixture import DOMAIN_COUNTER
 from ledgerlm.ledger.target import TimeToTarget
 
 PHASE_ORDER = ("setup", "prep", "tokenize", "train", "eval", "checkpoint", "restore")
@@ -30,6 +31,7 @@ def _ttt(summary: dict[str, Any]) -> TimeToTarget:
         evaluation=t["evaluation"],
         metric=t["metric"],
         threshold=t["threshold"],
+        targets=t.get("targets", {}),
     )
 
 
@@ -119,6 +121,8 @@ def counters_table(summary: dict[str, Any]) -> Table:
     t.add_column("counter")
     t.add_column("value", justify="right")
     for name, value in summary["counters"].items():
+        if name.startswith(DOMAIN_COUNTER):  # per domain: in the mixture table
+            continue
         t.add_row(escape(name), f"{value:,}")
     return t
 
@@ -147,6 +151,8 @@ def target_contract_line(summary: dict[str, Any]) -> str:
     c = contract(summary) or {}
     run = summary["run"]
     line = f"target: val {run['target_metric']} <= {run['target_value']:.3f} nat/token"
+    if c.get("targets"):
+        line += ", and " + ", ".join(f"loss/{d} <= {t:.3f}" for d, t in c["targets"].items())
     if c.get("confirm", 1) > 1:
         line += f" at {c['confirm']} consecutive evaluations"
     if c:
@@ -202,3 +208,68 @@ def test_line(summary: dict[str, Any]) -> str | None:
                 f"loss {loss:.4f} nat/token over {found['targets']:,} targets"
             )
     return None
+
+
+def _tokens(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def plan_table(planned: dict[str, Any]) -> Table:
+    """A mixture plan (``MixturePlan.to_dict()``): per domain S_i, p_i, E[D_i], e_i."""
+    t = Table(
+        title=f"mixture plan for {planned['budget_tokens']:,} training tokens", show_edge=False
+    )
+    for col in ("domain", "pool S (train tokens)", "weight p", "expected tokens pD", "epochs pD/S"):
+        t.add_column(col, justify="left" if col == "domain" else "right")
+    for d in planned["domains"]:
+        e = d["exposure"]
+        epochs = "inf" if e is None else f"{e:.3g}"
+        if d["over"]:
+            epochs = f"[yellow]{epochs}[/]"
+        t.add_row(
+            escape(d["domain"]),
+            f"{d['pool']:,}",
+            f"{d['weight']:.4f}",
+            _tokens(d["expected_tokens"]),
+            epochs,
+        )
+    return t
+
+
+def plan_stage_lines(planned: dict[str, Any]) -> list[str]:
+    """One plain line per segment of a staged mixture (none for a single mixture)."""
+    segments = planned.get("segments", [])
+    if len(segments) < 2:
+        return []
+    lines, start = [], 0
+    for i, seg in enumerate(segments):
+        end = seg["end"]
+        where = f"tokens {start:,}-{end:,}" if end is not None else f"tokens {start:,}-end"
+        weights = (
+            "natural"
+            if seg["natural"]
+            else ", ".join(f"{k} {v:g}" for k, v in seg["weights"].items() if v)
+        )
+        lines.append(f"stage {i + 1}: {where}: {weights}")
+        start = end if end is not None else start
+    return lines
+
+
+def mixture_table(rows: list[dict[str, Any]]) -> Table:
+    """Configured weights beside the tokens a run really consumed per domain
+    (``ledger.mixture.realised``)."""
+    t = Table(title="mixture: configured and consumed", show_edge=False)
+    cols = ("domain", "weight", "planned tokens", "consumed", "share", "pool", "epochs")
+    for col in cols:
+        t.add_column(col, justify="left" if col == "domain" else "right")
+    for r in rows:
+        t.add_row(
+            escape(r["domain"]),
+            "-" if r["weight"] is None else f"{r['weight']:.4f}",
+            _tokens(r["planned_tokens"]),
+            f"{r['tokens']:,}",
+            "-" if r["share"] is None else f"{r['share']:.4f}",
+            _tokens(r["pool"]),
+            "-" if r["exposure"] is None else f"{r['exposure']:.3g}",
+        )
+    return t

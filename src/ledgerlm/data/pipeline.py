@@ -136,8 +136,9 @@ def data_version(
         for s in _shards(cfg.model_copy(update={"sources": [InputConfig(path=name)]}), base):
             evals.append({"eval": name, "fingerprint": shard_fingerprint(s, cfg.builtin)})
     content = [{k: i[k] for k in ("source", "format", "fingerprint")} for i in inputs]
-    # how shards are executed never changes the content, so it is not part of the id
-    params = cfg.model_dump(mode="json", exclude={"executor", "workers"})
+    # how shards are executed never changes the content, nor how training samples the
+    # domains, so neither is part of the id
+    params = cfg.model_dump(mode="json", exclude={"executor", "workers", "mixture"})
     version = content_hash("data", SCHEMA_VERSION, content, evals, params)
     return version, shards, inputs
 

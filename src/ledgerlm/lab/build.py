@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ledgerlm.config import Recipe, TrainConfig
+from ledgerlm.lab.mixture import segments
 from ledgerlm.model.gpt import GPT
 from ledgerlm.tokens.loader import train_batches, validation_batches
 from ledgerlm.tokens.packing import Batch
@@ -76,7 +77,10 @@ def build_parts(
         if saved.get("recipe_sha256") != recipe.digest():
             raise ValueError(f"{checkpoint.parent / 'recipe.toml'} does not match the checkpoint")
     cursor = saved["data"] if saved else None
-    stream = train_batches(store, recipe.pack, t.micro_batch_rows, t.seed, cursor)
+    # stage ends are shares of the budget of the run as it started: its rank count
+    ranks = saved.get("ranks", world.size) if saved else world.size
+    mix = segments(recipe, store, ranks)
+    stream = train_batches(store, recipe.pack, t.micro_batch_rows, t.seed, cursor, mix)
     return Parts(model, optimizer, RankShard(stream, world), store), saved
 
 

@@ -39,7 +39,7 @@ from ledgerlm.workspace import Workspace
 
 
 def _earlier(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    keys = ("step", "tokens", "targets", "updates", "metrics", "snapshot")
+    keys = ("step", "tokens", "targets", "updates", "metrics", "snapshot", "consumed")
     return [{k: e[k] for k in keys} for e in summary["evaluations"]]
 
 
@@ -121,7 +121,8 @@ def resume_run(
                 parts, saved = build_parts(recipe, store, world, None if restart else folder)
                 step = saved["step"] if saved else 0
                 ph.step_end = step
-                ph.detail.update(step=step, cursor=saved["data"]["cursor"] if saved else None)
+                cursor = saved["data"].get("cursor") or saved["data"].get("mix") if saved else None
+                ph.detail.update(step=step, cursor=cursor)
                 recorder.event("resume", f"{'restart' if restart else 'from'} step {step}", step)
                 ranks = saved.get("ranks", 1) if saved else world.size
                 training = same_global_batch(recipe, ranks, world)

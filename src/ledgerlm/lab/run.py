@@ -21,7 +21,7 @@ import fcntl
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +38,11 @@ from ledgerlm.lab.build import (
     val_batches,
 )
 from ledgerlm.lab.continued import BeforeAfter, InitSource, find_version, init_source
+from ledgerlm.lab.mixture import plan
 from ledgerlm.lab.recorder import LedgerRecorder
+from ledgerlm.ledger.mixture import PLAN_EVENT
 from ledgerlm.ledger.store import Ledger, LedgerError
+from ledgerlm.mixture.plan import MixturePlan
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.tokens.loader import test_batches
 from ledgerlm.tokens.packing import Batch
@@ -123,6 +126,12 @@ def _check_metric(recipe: Recipe, store: TokenStore) -> None:
         raise ValueError(
             f"eval.metric = {metric!r}: the token version has no such domain "
             f"(domains: {', '.join(store.domains)})"
+        )
+    unknown = sorted(set(recipe.eval.targets) - set(store.domains))
+    if unknown:
+        raise ValueError(
+            f"eval.targets names domain(s) {', '.join(unknown)} that the token version does "
+            f"not have (domains: {', '.join(store.domains)})"
         )
 
 
@@ -221,6 +230,19 @@ def _test_once(
     recorder.event("test_evaluation", json.dumps(record), step=step)
 
 
+def record_plan(
+    recorder: LedgerRecorder, recipe: Recipe, store: TokenStore, ranks: int
+) -> MixturePlan:
+    """The mixture plan of the run (refusing a mixture that names an unknown domain),
+    kept in the ledger as a ``mixture_plan`` event, with a ``mixture_warning`` event per
+    domain repeated more than ``data.mixture.max_epochs`` times."""
+    planned = plan(recipe, store, ranks)
+    recorder.event(PLAN_EVENT, json.dumps(planned.to_dict()))
+    for line in planned.warnings:
+        recorder.event("mixture_warning", line)
+    return planned
+
+
 def prepare_versions(
     recorder: LedgerRecorder, recipe: Recipe, workspace: Workspace, progress: Progress
 ) -> tuple[BuiltVersion, BuiltVersion, TokenStore]:
@@ -246,8 +268,12 @@ def run_recipe(
     workspace: Workspace,
     progress: Progress | None = None,
     world: World | None = None,
+    on_plan: Callable[[MixturePlan], None] | None = None,
 ) -> RunResult:
-    """Run ``recipe`` end to end; under ``torchrun`` pass the ``World`` on every rank."""
+    """Run ``recipe`` end to end; under ``torchrun`` pass the ``World`` on every rank.
+
+    ``on_plan`` receives the mixture plan (tokens and epochs per domain) once the
+    token version is known, before the validation set and the model are built."""
     progress = progress or NullProgress()
     world = world or World()
     if not world.is_main:
@@ -293,6 +319,9 @@ def run_recipe(
                 }
             )
 
+            mixture_plan = record_plan(recorder, recipe, store, world.size)
+            if on_plan is not None:
+                on_plan(mixture_plan)
             sets = eval_sets(recorder, store, recipe)
             contract = {
                 **recipe.eval.contract(),

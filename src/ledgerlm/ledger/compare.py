@@ -156,6 +156,7 @@ def run_figures(summary: Mapping[str, Any]) -> dict[str, Any]:
             "metric": run.get("target_metric"),
             "threshold": run.get("target_value"),
             "confirm": int(((run.get("meta") or {}).get("contract") or {}).get("confirm", 1)),
+            "targets": ((run.get("meta") or {}).get("contract") or {}).get("targets") or {},
         },
         "eval_every": run.get("eval_every"),
         "reached": bool(ttt["reached"]),
@@ -174,7 +175,31 @@ def run_figures(summary: Mapping[str, Any]) -> dict[str, Any]:
         "phase_seconds": {k: float(v or 0.0) for k, v in totals.items()},
         "shares": shares,
         "test": held_out_metrics(summary),
+        "final_domains": final_domain_losses(summary),
     }
+
+
+def final_domain_losses(summary: Mapping[str, Any]) -> dict[str, float | None]:
+    """Each domain's validation loss at the run's last evaluation (``loss/<domain>``)."""
+    evaluations = summary.get("evaluations") or []
+    if not evaluations:
+        return {}
+    last = max(evaluations, key=lambda ev: ev["step"])["metrics"]
+    return {
+        k.split("/", 1)[1]: _finite(v) for k, v in sorted(last.items()) if k.startswith("loss/")
+    }
+
+
+def domain_deltas(base: Mapping[str, Any], other: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per domain of either run: the final validation loss of the baseline and of the
+    other run, and the change (negative: the other run is better on that domain)."""
+    a, b = base["final_domains"], other["final_domains"]
+    rows = []
+    for d in sorted(set(a) | set(b)):
+        x, y = a.get(d), b.get(d)
+        delta = y - x if x is not None and y is not None else None
+        rows.append({"domain": d, "baseline": x, "run": y, "delta": delta})
+    return rows
 
 
 def spread(values: Sequence[float]) -> dict[str, Any]:
@@ -312,7 +337,7 @@ def compare_runs(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     figures = [run_figures(s) for s in summaries]
     base = figures[0]
     comparisons = [
-        classify(base, fig, summaries[0], summary)
+        {**classify(base, fig, summaries[0], summary), "domains": domain_deltas(base, fig)}
         for fig, summary in zip(figures[1:], summaries[1:], strict=True)
     ]
     measured = [f for f in figures if f["test"] is not None]

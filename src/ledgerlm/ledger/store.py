@@ -29,8 +29,9 @@ from typing import Any
 from ledgerlm.ledger.coverage import phase_coverage
 from ledgerlm.ledger.target import time_to_target
 
-# 1: the first schema. 2: phases.beat_at (heartbeat of an open phase).
-SCHEMA_VERSION = 2
+# 1: the first schema. 2: phases.beat_at (heartbeat of an open phase). 3:
+# evaluations.consumed_json (training tokens consumed per domain at the evaluation).
+SCHEMA_VERSION = 3
 RUN_STATUSES = ("running", "reached", "not reached", "failed")
 
 _META = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)"
@@ -69,7 +70,10 @@ CREATE INDEX IF NOT EXISTS events_run ON events(run_id, id);
 
 # Columns added after schema version 1, as (table, column, declaration): a file written
 # by older code gets them (NULL in its existing rows) the first time newer code opens it.
-_ADDED_COLUMNS = (("phases", "beat_at", "REAL NULL"),)
+_ADDED_COLUMNS = (
+    ("phases", "beat_at", "REAL NULL"),
+    ("evaluations", "consumed_json", "TEXT NULL"),
+)
 
 
 class LedgerError(Exception):
@@ -404,8 +408,12 @@ class Ledger:
         metrics: dict[str, float],
         snapshot: str,
         phase_id: int | None,
+        consumed: dict[str, int] | None = None,
     ) -> int:
-        """Record an evaluation; binding it to its eval phase is what bounds time-to-target."""
+        """Record an evaluation; binding it to its eval phase is what bounds time-to-target.
+
+        ``consumed`` is the training tokens consumed per domain up to it, so the
+        mixture a run really saw is known per evaluation interval."""
         self._require_run(run_id)
         if phase_id is not None:
             row = self._conn.execute(
@@ -417,7 +425,7 @@ class Ledger:
         clean = {str(k): None if v is None else float(v) for k, v in metrics.items()}
         cur = self._conn.execute(
             "INSERT INTO evaluations(run_id, phase_id, step, tokens, targets, updates, snapshot,"
-            " metrics_json, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " metrics_json, consumed_json, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 run_id,
                 phase_id,
@@ -427,6 +435,7 @@ class Ledger:
                 int(updates),
                 snapshot,
                 json.dumps(clean),
+                None if consumed is None else json.dumps({k: int(v) for k, v in consumed.items()}),
                 time.time(),
             ),
         )
@@ -516,6 +525,7 @@ class Ledger:
         ):
             evaluation = dict(eval_row)
             evaluation["metrics"] = json.loads(evaluation.pop("metrics_json") or "{}")
+            evaluation["consumed"] = json.loads(evaluation.pop("consumed_json", None) or "{}")
             evaluations.append(evaluation)
 
         counters = {
@@ -530,9 +540,14 @@ class Ledger:
                 "SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,)
             )
         ]
-        confirm = int(run["meta"].get("contract", {}).get("confirm", 1))
+        contract = run["meta"].get("contract", {})
         verdict = time_to_target(
-            phases, evaluations, run["target_metric"], run["target_value"], confirm
+            phases,
+            evaluations,
+            run["target_metric"],
+            run["target_value"],
+            int(contract.get("confirm", 1)),
+            contract.get("targets") or {},
         )
         recorded = self._conn.execute(
             "SELECT COUNT(*), COALESCE(SUM(tokens), 0), COALESCE(SUM(targets), 0)"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -29,6 +29,7 @@ class TimeToTarget:
     evaluation: dict | None
     metric: str
     threshold: float
+    targets: dict[str, float] = field(default_factory=dict)  # per-domain thresholds
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able form; an unreached run says so explicitly rather than omitting fields."""
@@ -41,6 +42,7 @@ class TimeToTarget:
             "evaluation": dict(self.evaluation) if self.evaluation is not None else None,
             "metric": self.metric,
             "threshold": self.threshold,
+            "targets": dict(self.targets),
         }
 
     def describe(self) -> str:
@@ -50,15 +52,26 @@ class TimeToTarget:
         return f"target reached at step {self.step} after {self.seconds:.1f} s"
 
 
-def _confirms(metrics: Mapping[str, Any] | None, metric: str, threshold: float) -> bool:
+def _at_or_below(metrics: Mapping[str, Any], name: str, threshold: float) -> bool:
     # A missing, non-numeric or non-finite value is a failed measurement, not a success:
     # NaN compares False anyway, but -inf would otherwise "beat" any threshold.
-    if not metrics or metric not in metrics:
-        return False
-    value = metrics[metric]
+    value = metrics.get(name)
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
     return math.isfinite(value) and value <= threshold
+
+
+def meets(
+    metrics: Mapping[str, Any] | None,
+    metric: str,
+    threshold: float,
+    targets: Mapping[str, float] | None = None,
+) -> bool:
+    """Whether one evaluation meets the target: ``metric <= threshold`` and, for every
+    domain of ``targets``, ``loss/<domain>`` at or below its own threshold."""
+    if not metrics or not _at_or_below(metrics, metric, threshold):
+        return False
+    return all(_at_or_below(metrics, f"loss/{d}", t) for d, t in (targets or {}).items())
 
 
 def _phase_seconds(phase: Mapping[str, Any]) -> float:
@@ -78,9 +91,11 @@ def time_to_target(
     metric: str,
     threshold: float,
     confirm: int = 1,
+    targets: Mapping[str, float] | None = None,
 ) -> TimeToTarget:
     """Apply the confirmation rule: the target is confirmed at the first evaluation (by
-    step) that completes ``confirm`` consecutive evaluations with ``metric <= threshold``.
+    step) that completes ``confirm`` consecutive evaluations that ``meets`` it
+    (``metric <= threshold`` and every per-domain threshold of ``targets``).
 
     Phase ids are insertion order, which is time order, so "everything spent until the
     confirming evaluation finished" is every phase whose id is at most that evaluation's
@@ -93,7 +108,7 @@ def time_to_target(
     ordered = sorted(evaluations, key=lambda ev: ev["step"])
     confirming, streak = None, 0
     for ev in ordered:
-        streak = streak + 1 if _confirms(ev.get("metrics"), metric, threshold) else 0
+        streak = streak + 1 if meets(ev.get("metrics"), metric, threshold, targets) else 0
         if streak == confirm:
             confirming = ev
             break
@@ -106,6 +121,7 @@ def time_to_target(
             evaluation=None,
             metric=metric,
             threshold=threshold,
+            targets=dict(targets or {}),
         )
 
     limit = confirming.get("phase_id")
@@ -123,4 +139,5 @@ def time_to_target(
         evaluation=dict(confirming),
         metric=metric,
         threshold=threshold,
+        targets=dict(targets or {}),
     )

@@ -10,13 +10,14 @@ and one document read, never a replay of the batches already consumed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 from ledgerlm.config import EvalConfig, PackConfig
+from ledgerlm.mixture.schedule import Segment
 from ledgerlm.tokens.packing import Batch, batches, make_batch, pack_documents
 from ledgerlm.tokens.shards import TokenStore
 
@@ -57,69 +58,80 @@ class Cursor:
         return cls(**{k: int(d[k]) for k in ("epoch", "index", "offset", "segment")})
 
 
-class TrainStream(Iterator[Batch]):
-    """An endless stream of full training batches cut from the epochs' documents.
+class PackedStream(Iterator[Batch]):
+    """Full training batches cut from a stream of documents that a subclass picks.
 
-    ``fetch(i)`` returns document ``i``'s token ids and domain; ``order(epoch)`` the
-    document indices of an epoch. Rows of ``row_len`` tokens are cut from the
-    continuous BOS+ids+EOS stream across document and epoch boundaries, so no row is
-    padded, exactly as ``pack_documents`` would cut them. Work is O(tokens read).
+    ``fetch(i)`` returns document ``i``'s token ids and domain id; ``_doc_index()``
+    names the document at the cursor and ``_next_document()`` moves past it. Rows of
+    ``row_len`` tokens are cut from the continuous BOS+ids+EOS stream across document
+    and epoch boundaries, so no row is padded, exactly as ``pack_documents`` would cut
+    them. Work is O(tokens read). ``consumed`` counts the input tokens yielded per
+    domain id (every row position but the last, which is only a target).
     """
 
     def __init__(
         self,
         fetch: Callable[[int], tuple[np.ndarray, int]],
-        order: Callable[[int], np.ndarray],
         row_len: int,
         batch_rows: int,
         bos: int,
         eos: int,
-        reset_positions: bool = True,
-        cursor: Cursor | None = None,
+        reset_positions: bool,
+        offset: int,
+        segment: int,
+        consumed: list[int] | None,
     ) -> None:
         if row_len < 2 or batch_rows < 1:
             raise ValueError("need row_len >= 2 and batch_rows >= 1")
-        self._fetch, self._order_of = fetch, order
+        self._fetch = fetch
         self.row_len, self.batch_rows = row_len, batch_rows
         self.bos, self.eos, self.reset_positions = bos, eos, reset_positions
-        cursor = cursor or Cursor()
-        self._epoch, self._index = cursor.epoch, cursor.index
-        self._offset, self._segment = cursor.offset, cursor.segment
-        self._order = self._order_of(self._epoch)
-        if len(self._order) == 0:
-            raise ValueError("an epoch visits no documents")
-        if not 0 <= self._index < len(self._order):
-            raise ValueError(f"cursor index {self._index} outside epoch of {len(self._order)}")
+        self._offset, self._segment = offset, segment
+        self.consumed: list[int] = [int(n) for n in consumed or []]
         self._doc: tuple[np.ndarray, int] | None = None
+        self.identity: dict[str, Any] = {}  # what a saved state is valid for (seed, ...)
+        self.domain_names: list[str] = []  # names of the domain ids, when known
+
+    def consumed_by_domain(self) -> dict[str, int]:
+        """Input tokens yielded so far per domain name (every known domain listed)."""
+        names = self.domain_names or [str(i) for i in range(len(self.consumed))]
+        counts = self.consumed + [0] * (len(names) - len(self.consumed))
+        return dict(zip(names, counts, strict=False))
+
+    def _check_offset(self) -> None:
         if not 0 <= self._offset < len(self._current()[0]):
             raise ValueError(f"cursor offset {self._offset} outside its document")
 
-    @property
-    def cursor(self) -> Cursor:
-        """Position of the next token: after a batch, where the next batch starts."""
-        return Cursor(self._epoch, self._index, self._offset, self._segment)
+    def _doc_index(self) -> int:
+        raise NotImplementedError
 
-    def state_dict(self) -> dict[str, Any]:
-        """JSON-able position to continue from (``Cursor.from_dict(state["cursor"])``)."""
-        return {"cursor": self.cursor.to_dict()}
+    def _next_document(self, packed: int, domain: int) -> None:
+        """Move past the document at the cursor (``packed`` tokens with BOS and EOS)."""
+        raise NotImplementedError
+
+    def _count(self, domains: np.ndarray) -> None:
+        """Add a batch's input tokens (every row but its last position) per domain."""
+        counts = np.bincount(domains[:, :-1].ravel()).tolist()
+        if len(counts) > len(self.consumed):
+            self.consumed.extend([0] * (len(counts) - len(self.consumed)))
+        for d, n in enumerate(counts):
+            self.consumed[d] += n
 
     def _current(self) -> tuple[np.ndarray, int]:
         """The document at the cursor, wrapped as BOS + ids + EOS (read once, then held)."""
         if self._doc is None:
-            ids, domain = self._fetch(int(self._order[self._index]))
+            ids, domain = self._fetch(self._doc_index())
             toks = np.empty(len(ids) + 2, dtype=np.int64)
             toks[0], toks[1:-1], toks[-1] = self.bos, ids, self.eos
             self._doc = (toks, int(domain))
         return self._doc
 
     def _advance_document(self) -> None:
+        toks, domain = self._current()
         self._doc, self._offset, self._segment = None, 0, self._segment + 1
-        self._index += 1
-        if self._index == len(self._order):
-            self._epoch, self._index = self._epoch + 1, 0
-            self._order = self._order_of(self._epoch)
+        self._next_document(len(toks), domain)
 
-    def __iter__(self) -> TrainStream:
+    def __iter__(self) -> PackedStream:
         return self
 
     def __next__(self) -> Batch:
@@ -140,6 +152,7 @@ class TrainStream(Iterator[Batch]):
                 self._advance_document()
         shape = (self.batch_rows, self.row_len)
         valid = np.ones(shape, dtype=bool)
+        self._count(doms.reshape(shape))
         return make_batch(
             toks.reshape(shape),
             segs.reshape(shape),
@@ -149,51 +162,221 @@ class TrainStream(Iterator[Batch]):
         )
 
 
-class StoreStream(TrainStream):
-    """A ``TrainStream`` over a token store's train split, with a checkable state.
+class TrainStream(PackedStream):
+    """Natural sampling: epochs that each visit every document in a seeded order.
 
-    ``cursor`` may be a ``state_dict()`` of an earlier stream: it is refused unless it
-    was saved for the same seed and number of train documents.
+    ``order(epoch)`` gives the document indices of an epoch (``epoch_order``).
     """
 
     def __init__(
         self,
-        store: TokenStore,
-        pack: PackConfig,
+        fetch: Callable[[int], tuple[np.ndarray, int]],
+        order: Callable[[int], np.ndarray],
+        row_len: int,
         batch_rows: int,
-        seed: int,
-        cursor: Cursor | Mapping[str, Any] | None = None,
+        bos: int,
+        eos: int,
+        reset_positions: bool = True,
+        cursor: Cursor | None = None,
+        consumed: list[int] | None = None,
     ) -> None:
-        docs = store.split_docs("train")
-        if len(docs["length"]) == 0:
-            raise ValueError("train split is empty")
-        self.seed, self.documents = seed, len(docs["length"])
-        if isinstance(cursor, Mapping):
-            found = {"seed": self.seed, "documents": self.documents}
-            saved = {k: cursor.get(k) for k in found}
-            if saved != found:
-                raise ValueError(f"data cursor was saved for {saved}, this stream has {found}")
-            cursor = Cursor.from_dict(cursor["cursor"])
-
-        def fetch(i: int) -> tuple[np.ndarray, int]:
-            ids = store.tokens(docs["shard"][i], int(docs["offset"][i]), int(docs["length"][i]))
-            return ids, int(docs["domain"][i])
-
-        sp = store.special
+        cursor = cursor or Cursor()
         super().__init__(
-            fetch,
-            lambda epoch: epoch_order(docs["weight"], seed, epoch),
-            pack.seq_len + 1,
-            batch_rows,
-            sp["bos"],
-            sp["eos"],
-            pack.reset_positions,
-            cursor,
-        )
+            fetch, row_len, batch_rows, bos, eos, reset_positions,
+            cursor.offset, cursor.segment, consumed,
+        )  # fmt: skip
+        self._order_of = order
+        self._epoch, self._index = cursor.epoch, cursor.index
+        self._order = self._order_of(self._epoch)
+        if len(self._order) == 0:
+            raise ValueError("an epoch visits no documents")
+        if not 0 <= self._index < len(self._order):
+            raise ValueError(f"cursor index {self._index} outside epoch of {len(self._order)}")
+        self._check_offset()
+
+    @property
+    def cursor(self) -> Cursor:
+        """Position of the next token: after a batch, where the next batch starts."""
+        return Cursor(self._epoch, self._index, self._offset, self._segment)
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-able: the cursor plus what it is only valid for (seed, document count)."""
-        return {**super().state_dict(), "seed": self.seed, "documents": self.documents}
+        """JSON-able position to continue from (``Cursor.from_dict(state["cursor"])``)
+        and the input tokens yielded so far per domain id."""
+        return {"cursor": self.cursor.to_dict(), "consumed": list(self.consumed), **self.identity}
+
+    def _doc_index(self) -> int:
+        return int(self._order[self._index])
+
+    def _next_document(self, packed: int, domain: int) -> None:
+        self._index += 1
+        if self._index == len(self._order):
+            self._epoch, self._index = self._epoch + 1, 0
+            self._order = self._order_of(self._epoch)
+
+
+def domain_order(members: np.ndarray, visits: np.ndarray, seed: int, domain: int, epoch: int):
+    """One domain's epoch under a mixture: its documents (``members``, indices into the
+    split) each repeated by its dedup visits, in an order seeded by (seed, epoch, domain)."""
+    return np.random.default_rng([seed, epoch, domain + 1]).permutation(
+        np.repeat(members, visits[members])
+    )
+
+
+def _visits(weights: np.ndarray) -> np.ndarray:
+    return np.maximum(np.rint(np.asarray(weights, dtype=np.float64)), 1).astype(np.int64)
+
+
+class MixedStream(PackedStream):
+    """Token-level mixture weights: documents drawn domain by domain.
+
+    Each domain walks its own seeded epochs (``domain_order``: dedup visits included).
+    The next document comes from the domain furthest below its share of the tokens
+    assigned so far in the current segment: the largest ``p_i T - A_i`` (T the
+    segment's tokens, A_i the domain's), ties to the larger weight, then the lower
+    id. Shares are therefore kept in tokens, not documents, whatever the documents'
+    lengths, and the gap to ``p_i T`` stays within about one document.
+
+    ``segments`` are (end, weights by domain id) with ``end`` in training tokens
+    (``None``: to the end); a segment starts at the first document boundary at or
+    after the previous one's end, its counts starting from zero.
+    """
+
+    def __init__(
+        self,
+        fetch: Callable[[int], tuple[np.ndarray, int]],
+        domains: np.ndarray,
+        lengths: np.ndarray,
+        visits: np.ndarray,
+        segments: list[tuple[int | None, np.ndarray]],
+        seed: int,
+        row_len: int,
+        batch_rows: int,
+        bos: int,
+        eos: int,
+        reset_positions: bool = True,
+        state: Mapping[str, Any] | None = None,
+    ) -> None:
+        state = state or {}
+        super().__init__(
+            fetch, row_len, batch_rows, bos, eos, reset_positions,
+            int(state.get("offset", 0)), int(state.get("segment", 0)), state.get("consumed"),
+        )  # fmt: skip
+        k = len(segments[0][1])
+        self.seed = seed
+        self._members = [np.flatnonzero(domains == d) for d in range(k)]
+        self._visits = visits
+        # a training token is one of row_len - 1 inputs per row_len stream tokens
+        self._ends = [
+            None if end is None else -(-end * row_len // (row_len - 1)) for end, _ in segments
+        ]
+        self._weights = [np.asarray(w, dtype=np.float64) for _, w in segments]
+        for w in self._weights:
+            for d in np.flatnonzero(w > 0):
+                if len(self._members[d]) == 0:
+                    raise ValueError(f"domain id {d} has weight {w[d]:g} but no train documents")
+        mix = state.get("mix")
+        if mix is None:
+            self._epochs = [0] * k
+            self._index = [0] * k
+            self._assigned = np.zeros(k, dtype=np.int64)
+            self._total, self._stage = 0, self._stage_at(0)
+            self._domain = self._choose()
+        else:
+            self._epochs = [int(e) for e, _ in mix["orders"]]
+            self._index = [int(i) for _, i in mix["orders"]]
+            self._assigned = np.asarray(mix["assigned"], dtype=np.int64)
+            self._total, self._stage = int(mix["total"]), int(mix["stage"])
+            self._domain = int(mix["domain"])
+        self._orders = [self._order(d) for d in range(k)]
+        if not 0 <= self._index[self._domain] < len(self._orders[self._domain]):
+            raise ValueError("mixture cursor outside its domain's epoch")
+        self._check_offset()
+
+    def _order(self, d: int) -> np.ndarray:
+        if len(self._members[d]) == 0:
+            return self._members[d]
+        return domain_order(self._members[d], self._visits, self.seed, d, self._epochs[d])
+
+    def _stage_at(self, position: int) -> int:
+        for i, end in enumerate(self._ends):
+            if end is None or position < end:
+                return i
+        return len(self._ends) - 1
+
+    def _choose(self) -> int:
+        w = self._weights[self._stage]
+        deficit = w * float(self._assigned.sum()) - self._assigned
+        deficit[w <= 0] = -np.inf
+        # lexsort: the last key is the primary one
+        return int(np.lexsort((np.arange(len(w)), -w, -deficit))[0])
+
+    def _doc_index(self) -> int:
+        return int(self._orders[self._domain][self._index[self._domain]])
+
+    def _next_document(self, packed: int, domain: int) -> None:
+        d = self._domain
+        self._assigned[d] += packed
+        self._total += packed
+        self._index[d] += 1
+        if self._index[d] == len(self._orders[d]):
+            self._epochs[d], self._index[d] = self._epochs[d] + 1, 0
+            self._orders[d] = self._order(d)
+        stage = self._stage_at(self._total)
+        if stage != self._stage:
+            self._stage, self._assigned = stage, np.zeros_like(self._assigned)
+        self._domain = self._choose()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "mix": {
+                "domain": self._domain,
+                "orders": [[e, i] for e, i in zip(self._epochs, self._index, strict=True)],
+                "assigned": self._assigned.tolist(),
+                "total": self._total,
+                "stage": self._stage,
+            },
+            "offset": self._offset,
+            "segment": self._segment,
+            "consumed": list(self.consumed),
+            **self.identity,
+        }
+
+
+def natural_shares(store: TokenStore) -> dict[str, float]:
+    """Each domain's share of the tokens of one natural epoch of the train split: its
+    documents' packed lengths (BOS + ids + EOS) times their dedup visits."""
+    docs = store.split_docs("train")
+    packed = (docs["length"] + 2) * _visits(docs["weight"])
+    per = np.bincount(docs["domain"], weights=packed, minlength=len(store.domains))
+    total = float(per.sum())
+    return {d: (float(per[i]) / total if total else 0.0) for i, d in enumerate(store.domains)}
+
+
+def train_pools(store: TokenStore) -> dict[str, int]:
+    """Each domain's unique tokens in the train split (S_i of a mixture plan)."""
+    docs = store.split_docs("train")
+    per = np.bincount(docs["domain"], weights=docs["length"], minlength=len(store.domains))
+    return {d: int(per[i]) for i, d in enumerate(store.domains)}
+
+
+class _Checked:
+    """What a saved stream state is valid for; a state saved for another is refused."""
+
+    def __init__(self, identity: dict[str, Any]) -> None:
+        self.identity = identity
+
+    def check(self, saved: Mapping[str, Any]) -> None:
+        for key, value in self.identity.items():
+            if saved.get(key) != value:
+                raise ValueError(
+                    f"data cursor was saved for another stream: its {key} differs "
+                    f"(saved {_short(saved.get(key))}, this stream {_short(value)})"
+                )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def train_batches(
@@ -202,14 +385,58 @@ def train_batches(
     batch_rows: int,
     seed: int,
     cursor: Cursor | Mapping[str, Any] | None = None,
-) -> StoreStream:
-    """An endless stream: each epoch visits every train document in a seeded order.
+    mixture: Sequence[Segment] | None = None,
+) -> PackedStream:
+    """An endless stream of training batches from the train split.
 
-    The packed stream runs on across epoch boundaries, so no row is padded.
-    ``cursor`` is a ``Cursor`` or a ``state_dict()`` of an earlier stream; the new
-    stream then continues exactly where that one stood.
+    Natural sampling (``mixture`` None, or one natural segment): each epoch visits
+    every train document in a seeded order. Otherwise a ``MixedStream`` over the
+    mixture's segments. The packed stream runs on across epoch boundaries, so no row
+    is padded. ``cursor`` is a ``Cursor`` (natural only) or a ``state_dict()`` of an
+    earlier stream, which is refused unless it was saved for the same seed, train
+    documents and mixture; the new stream then continues exactly where that one stood.
     """
-    return StoreStream(store, pack, batch_rows, seed, cursor)
+    docs = store.split_docs("train")
+    if len(docs["length"]) == 0:
+        raise ValueError("train split is empty")
+    mixed = mixture is not None and not (len(mixture) == 1 and mixture[0].natural)
+    identity: dict[str, Any] = {"seed": seed, "documents": len(docs["length"])}
+    if mixed:
+        identity["mixture"] = [seg.to_dict() for seg in mixture]
+    checked = _Checked(identity)
+    state: Mapping[str, Any] | None = None
+    if isinstance(cursor, Mapping):
+        checked.check(cursor)
+        state = cursor
+
+    def fetch(i: int) -> tuple[np.ndarray, int]:
+        ids = store.tokens(docs["shard"][i], int(docs["offset"][i]), int(docs["length"][i]))
+        return ids, int(docs["domain"][i])
+
+    sp = store.special
+    shape = (pack.seq_len + 1, batch_rows, sp["bos"], sp["eos"], pack.reset_positions)
+    stream: PackedStream
+    if mixed:
+        segments = [(seg.end, [seg.weights.get(d, 0.0) for d in store.domains]) for seg in mixture]
+        if isinstance(cursor, Cursor):
+            raise ValueError("a mixed stream resumes from a state_dict(), not a Cursor")
+        stream = MixedStream(
+            fetch, docs["domain"], docs["length"], _visits(docs["weight"]), segments, seed,
+            *shape, state=state,
+        )  # fmt: skip
+    else:
+        at = Cursor.from_dict(state["cursor"]) if state is not None else cursor
+        consumed = state.get("consumed") if state is not None else None
+        stream = TrainStream(
+            fetch,
+            lambda epoch: epoch_order(docs["weight"], seed, epoch),
+            *shape,
+            cursor=at,
+            consumed=consumed,
+        )
+    # names only a mixture needs: a store without them reports domains by id
+    stream.identity, stream.domain_names = identity, list(getattr(store, "domains", []))
+    return stream
 
 
 def _held_out_batches(

@@ -225,6 +225,12 @@ class RankShard(Iterator[T]):
     def state_dict(self) -> dict[str, Any]:
         return self.stream.state_dict()  # type: ignore[attr-defined]
 
+    def consumed_by_domain(self) -> dict[str, int]:
+        """Tokens of the global stream per domain: every rank's, since each rank walks it
+        ({} for a stream that does not count them)."""
+        counts = getattr(self.stream, "consumed_by_domain", None)
+        return counts() if counts is not None else {}
+
 
 @contextmanager
 def distributed_world() -> Iterator[World]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import math
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 
 from ledgerlm.config import EvalConfig
+from ledgerlm.ledger.target import meets
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.train.distributed import World
 from ledgerlm.train.loss import per_target_loss
@@ -216,7 +216,13 @@ class EvalCallback:
 
     def _base(self, trainer) -> dict[str, Any]:
         s = trainer.state
-        return {"step": s.step, "tokens": s.tokens, "targets": s.targets, "updates": s.step}
+        return {
+            "step": s.step,
+            "tokens": s.tokens,
+            "targets": s.targets,
+            "updates": s.step,
+            "consumed": dict(s.domain_tokens),
+        }
 
     def run(self, trainer, final: bool = False) -> dict[str, Any] | None:
         """Evaluate the current weights now (or submit them, when asynchronous)."""
@@ -297,9 +303,9 @@ class EvalCallback:
 
     def observe(self, record: dict[str, Any], trainer) -> None:
         """Apply the confirmation rule to the next evaluation in step order."""
-        value = record["metrics"].get(self.cfg.metric)
-        ok = isinstance(value, int | float) and math.isfinite(value)
-        self._streak = self._streak + 1 if ok and value <= self.cfg.target_loss else 0
+        cfg = self.cfg
+        ok = meets(record["metrics"], cfg.metric, cfg.target_loss, cfg.targets)
+        self._streak = self._streak + 1 if ok else 0
         if self.reached_step is None and self._streak >= self.cfg.confirm:
             self.reached_step = record["step"]
             if trainer is not None and self.cfg.stop_at_target:

@@ -58,6 +58,9 @@ class TrainState:
     step_targets: int = 0  # supervised targets of the last update
     denominator: int = 0  # the objective's global denominator of the last update
     skipped_steps: int = 0  # non-finite steps dropped under nonfinite = "skip"
+    # input tokens consumed per domain (all ranks, skipped steps included), when the
+    # stream counts them: their sum is ``tokens``
+    domain_tokens: dict[str, int] = field(default_factory=dict)
     history: list[StepRecord] = field(default_factory=list)
     should_stop: bool = False
     stop_reason: str = ""
@@ -69,6 +72,7 @@ class TrainState:
             "supervised_targets": self.targets,
             "rows": self.rows,
             "skipped_updates": self.skipped_steps,
+            **{f"tokens/{d}": n for d, n in self.domain_tokens.items()},
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -240,6 +244,8 @@ class Trainer:
             s.targets += n_targets
         s.tokens += record.tokens
         s.rows += rows
+        if hasattr(self.batches, "consumed_by_domain"):
+            s.domain_tokens = self.batches.consumed_by_domain()
         s.history.append(record)
         return loss
 

@@ -1,0 +1,55 @@
+"""A recipe's mixture against a token version: the run's token budget, the resolved
+segments the sampler follows, and the plan (tokens and epochs per domain) shown before
+training and kept in the ledger (``ledger.mixture`` reads it back beside what the run
+really consumed).
+"""
+
+from __future__ import annotations
+
+from ledgerlm.config import Recipe
+from ledgerlm.data.pipeline import prepare_data
+from ledgerlm.mixture.plan import MixturePlan, plan_segments
+from ledgerlm.mixture.schedule import Segment, resolve
+from ledgerlm.progress import Progress
+from ledgerlm.tokens.loader import natural_shares, train_pools
+from ledgerlm.tokens.shards import TokenStore, build_tokens
+from ledgerlm.workspace import Workspace
+
+
+def tokens_per_update(recipe: Recipe, ranks: int = 1) -> int:
+    """Training (input) tokens of one optimizer update: every rank's micro-batches."""
+    t = recipe.train
+    return ranks * t.grad_accum * t.micro_batch_rows * recipe.pack.seq_len
+
+
+def token_budget(recipe: Recipe, ranks: int = 1) -> int:
+    """D: the most training tokens the run can consume (``max_steps`` updates, capped by
+    ``eval.budget_tokens`` when set). Stopping at the target may end it sooner."""
+    most = recipe.train.max_steps * tokens_per_update(recipe, ranks)
+    cap = recipe.eval.budget_tokens
+    return min(most, cap) if cap else most
+
+
+def segments(recipe: Recipe, store: TokenStore, ranks: int = 1) -> list[Segment]:
+    """The mixture's segments for this store and rank count (stage ends in tokens)."""
+    return resolve(recipe.data.mixture, token_budget(recipe, ranks), natural_shares(store))
+
+
+def plan(recipe: Recipe, store: TokenStore, ranks: int = 1) -> MixturePlan:
+    """The plan of the recipe's mixture on this store: S_i, p_i, E[D_i], e_i per domain."""
+    return plan_segments(
+        train_pools(store),
+        segments(recipe, store, ranks),
+        token_budget(recipe, ranks),
+        recipe.data.mixture.max_epochs,
+    )
+
+
+def plan_recipe(
+    recipe: Recipe, workspace: Workspace, progress: Progress | None = None, ranks: int = 1
+) -> MixturePlan:
+    """The plan of a recipe's mixture: its data and token versions are built (or reused)
+    first, since the pools S_i are the train split's tokens per domain."""
+    data = prepare_data(recipe.data, workspace, progress)
+    tokens = build_tokens(data, recipe.tokenizer, workspace, progress)
+    return plan(recipe, TokenStore(tokens.path), ranks)

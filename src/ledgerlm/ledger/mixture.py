@@ -1,0 +1,62 @@
+"""The mixture a run planned and the one it realised: the plan it recorded before
+training (a ``mixture_plan`` event) beside the tokens it really consumed per domain
+(its ``tokens/<domain>`` counters).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+PLAN_EVENT = "mixture_plan"
+DOMAIN_COUNTER = "tokens/"  # prefix of a per-domain consumed-tokens counter
+
+
+def plan_event(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The plan a run recorded before training (its ``mixture_plan`` event), if any."""
+    for event in reversed(summary.get("events", [])):
+        if event["kind"] == PLAN_EVENT:
+            return json.loads(event["message"])
+    return None
+
+
+def realised(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per domain: the configured (planned) weight, the tokens really consumed, their
+    share of all consumed tokens, the unique pool and the exposure so far (epochs)."""
+    planned = plan_event(summary) or {"domains": []}
+    consumed = {
+        name.split("/", 1)[1]: int(v)
+        for name, v in summary["counters"].items()
+        if name.startswith(DOMAIN_COUNTER)
+    }
+    total = sum(consumed.values())
+    rows = []
+    for d in planned["domains"]:
+        used = consumed.get(d["domain"], 0)
+        pool = d["pool"]
+        rows.append(
+            {
+                "domain": d["domain"],
+                "weight": d["weight"],
+                "planned_tokens": d["expected_tokens"],
+                "tokens": used,
+                "share": used / total if total else None,
+                "pool": pool,
+                "exposure": used / pool if pool else None,
+            }
+        )
+    known = {r["domain"] for r in rows}
+    for name in sorted(set(consumed) - known):  # a run recorded before plans existed
+        used = consumed[name]
+        rows.append(
+            {
+                "domain": name,
+                "weight": None,
+                "planned_tokens": None,
+                "tokens": used,
+                "share": used / total if total else None,
+                "pool": None,
+                "exposure": None,
+            }
+        )
+    return rows

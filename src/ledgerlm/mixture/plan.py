@@ -1,0 +1,98 @@
+"""The plan of a mixture before training: per domain the unique pool S_i (train tokens
+of the data version), the weight p_i, the expected tokens E[D_i] = p_i D for the run's
+token budget D, and the exposure multiple e_i = E[D_i] / S_i (epochs over the domain's
+unique tokens). A domain repeated more than ``max_epochs`` times is flagged: repeated
+tokens are worth less than fresh ones, and the more so the more they repeat.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ledgerlm.mixture.schedule import Segment, expected_tokens
+
+
+@dataclass(frozen=True)
+class DomainPlan:
+    domain: str
+    pool: int  # S_i: unique tokens of the domain in the train split
+    weight: float  # p_i: share of the training tokens (over the whole run, stages averaged)
+    expected_tokens: float  # E[D_i]
+    exposure: float  # e_i = E[D_i] / S_i (inf when the pool is empty but tokens are asked)
+    over: bool  # exposure above the plan's max_epochs
+
+
+@dataclass(frozen=True)
+class MixturePlan:
+    budget_tokens: int
+    max_epochs: float
+    domains: list[DomainPlan]
+    segments: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def warnings(self) -> list[str]:
+        """One line per domain repeated more than ``max_epochs`` times."""
+        return [
+            f"domain {d.domain}: {d.expected_tokens:,.0f} tokens from a pool of {d.pool:,} "
+            f"is {d.exposure:.2f} epochs (above {self.max_epochs:g})"
+            for d in self.domains
+            if d.over
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "budget_tokens": self.budget_tokens,
+            "max_epochs": self.max_epochs,
+            "domains": [{**asdict(d), "exposure": _finite(d.exposure)} for d in self.domains],
+            "segments": self.segments,
+            "warnings": self.warnings,
+        }
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def exposure(weight: float, budget_tokens: float, pool: float) -> float:
+    """e = p D / S: how many times the expected tokens cover the unique pool."""
+    asked = weight * budget_tokens
+    if pool <= 0:
+        return math.inf if asked > 0 else 0.0
+    return asked / pool
+
+
+def plan_mixture(
+    pools: Mapping[str, int],
+    weights: Mapping[str, float],
+    budget_tokens: int,
+    max_epochs: float = 4.0,
+) -> MixturePlan:
+    """The plan of one mixture ``weights`` (domain -> p_i, summing to 1) over ``pools``
+    (domain -> S_i) for a budget of ``budget_tokens`` training tokens."""
+    return plan_segments(pools, [Segment(None, dict(weights))], budget_tokens, max_epochs)
+
+
+def plan_segments(
+    pools: Mapping[str, int],
+    segments: list[Segment],
+    budget_tokens: int,
+    max_epochs: float = 4.0,
+) -> MixturePlan:
+    """The plan of a staged mixture: expected tokens summed over the segments; the
+    weight shown per domain is its share of the whole budget."""
+    per_segment = expected_tokens(segments, budget_tokens)
+    names = sorted(set(pools) | {d for seg in segments for d in seg.weights})
+    rows = []
+    for d in names:
+        asked = sum(seg.get(d, 0.0) for seg in per_segment)
+        weight = asked / budget_tokens if budget_tokens else 0.0
+        e = exposure(weight, budget_tokens, pools.get(d, 0))
+        rows.append(DomainPlan(d, int(pools.get(d, 0)), weight, asked, e, e > max_epochs))
+    shown = [
+        {**seg.to_dict(), "expected_tokens": tokens}
+        for seg, tokens in zip(segments, per_segment, strict=True)
+    ]
+    return MixturePlan(int(budget_tokens), float(max_epochs), rows, shown)

@@ -272,6 +272,12 @@ class MixtureConfig(_Section):
         description="Warn when a domain's expected exposure (tokens seen / unique tokens) "
         "exceeds this many epochs.",
     )
+    from_search: str | None = Field(
+        None,
+        description="A mixture search (`ledgerlm mix search`: its id, a unique prefix or "
+        "latest): its recommended weights become `weights`, and its wall time is charged "
+        "to the run as a `search` phase.",
+    )
 
     @model_validator(mode="after")
     def _valid(self) -> MixtureConfig:
@@ -285,8 +291,8 @@ class MixtureConfig(_Section):
 
     @property
     def natural(self) -> bool:
-        """Whether this is today's sampling: no weights and no stages."""
-        return self.weights == "natural" and not self.stages
+        """Whether this is natural sampling: no weights, no stages, no search."""
+        return self.weights == "natural" and not self.stages and self.from_search is None
 
     def named_domains(self) -> set[str]:
         """Every domain the mixture names."""

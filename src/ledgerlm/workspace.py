@@ -125,7 +125,8 @@ def _same_file(f: Any, path: Path) -> bool:
 
 
 class Workspace:
-    """``data/<version>/``, ``tokens/<version>/``, ``runs/<run-id>/`` and ``ledger.db``."""
+    """``data/<version>/``, ``tokens/<version>/``, ``runs/<run-id>/``,
+    ``mixtures/<search id>.json`` and ``ledger.db``."""
 
     KINDS = ("data", "tokens")
 
@@ -309,3 +310,29 @@ class Workspace:
 
     def run_dir(self, run_id: str) -> Path:
         return self._inside("runs", run_id, "run")
+
+    def search_file(self, search_id: str) -> Path:
+        """``mixtures/<search id>.json``: the result of a mixture search."""
+        return self._inside("mixtures", search_id, "search id").with_suffix(".json")
+
+    def resolve_search(self, ref: str) -> str:
+        """A mixture search id: exact, a unique prefix, or ``latest`` (newest file)."""
+        folder = self.root / "mixtures"
+        files = (
+            sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
+            if folder.is_dir()
+            else []
+        )
+        ids = [p.stem for p in files]
+        if ref == "latest" and ids:
+            return ids[-1]
+        if ref in ids:
+            return ref
+        found = [i for i in ids if i.startswith(ref)]
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            raise FileNotFoundError(f"no mixture search matches {ref!r} in {folder}")
+        raise FileNotFoundError(
+            f"{ref!r} matches {len(found)} mixture searches: {', '.join(found)}"
+        )

@@ -99,10 +99,12 @@ def plan(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Plan a mixture before training: per domain the unique pool S (train tokens), the
-    weight p, the expected tokens E[D] = p D for the run's token budget D, and the
-    exposure e = p D / S (epochs over the domain's unique tokens), with a warning for a
-    domain repeated more than max_epochs times.
+    """Plan a mixture before training: tokens and epochs per domain.
+
+    Per domain: the unique pool S (train tokens), the weight p, the expected tokens E[D]
+    = p D for the run's token budget D, and the exposure e = p D / S (epochs over the
+    domain's unique tokens), with a warning for a domain repeated more than max_epochs
+    times.
 
     D is max_steps x tokens per update (ranks x grad_accum x micro_batch_rows x
     seq_len), capped by eval.budget_tokens. `ledgerlm run` prints the same plan.
@@ -140,3 +142,209 @@ def plan(
         console.print_json(json.dumps(planned))
         return
     print_plan(planned)
+
+
+def _weights_line(weights: dict[str, float]) -> str:
+    return ", ".join(f"{d} {w:.3f}" for d, w in weights.items())
+
+
+def _num(v: float | None, fmt: str = ".4f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+@app.command("search")
+@friendly_errors
+def search(
+    recipe: Annotated[Path, typer.Argument(help="Recipe TOML file (the target-scale run).")],
+    trials: Annotated[
+        int,
+        typer.Option("--trials", min=3, help="Proxy runs; the first uses the natural mixture."),
+    ] = 16,
+    proxy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--proxy",
+            help="Override for the proxy runs, section.key=value (repeatable), e.g. "
+            "model.d_model=32 train.max_steps=100. [data] and [tokenizer] stay the recipe's.",
+        ),
+    ] = None,
+    objective: Annotated[
+        str,
+        typer.Option(
+            "--objective",
+            help="What the mixture minimises: loss (overall validation loss), loss/<domain>, "
+            "or worst (the largest ratio of a domain's loss to its natural-mixture loss).",
+        ),
+    ] = "loss",
+    concentration: Annotated[
+        float | None,
+        typer.Option(
+            "--concentration",
+            min=0.01,
+            help="Dirichlet precision of the trial draws around the natural mixture "
+            "(alpha = concentration x natural); default: the number of domains.",
+        ),
+    ] = None,
+    model: Annotated[
+        str, typer.Option("--model", help="Regression: auto, lightgbm or linear.")
+    ] = "auto",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the draws and the fit.")] = 0,
+    workspace: WorkspaceOpt = DEFAULT_WS,
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Search a mixture with small proxy runs (RegMix style).
+
+    A baseline on the natural mixture, then mixtures drawn from a Dirichlet around it; a
+    regression from the weights to each domain's validation loss (cross-validated), and
+    the mixture that minimises the objective among 100,000 draws around the natural
+    mixture.
+
+    Every trial is a ledger run named <search id>-tNN. The result (and the search's wall
+    time) is kept in mixtures/<search id>.json; a run uses it with --set
+    data.mixture.from_search=<search id>, which charges it the search's time as a
+    `search` phase. `ledgerlm mix verify` runs the found and the baseline mixture at
+    scale.
+    """
+    from ledgerlm.lab.mix_search import search_mixture
+    from ledgerlm.workspace import Workspace
+
+    if model not in ("auto", "lightgbm", "linear"):
+        raise ValueError(f"--model {model!r}: use auto, lightgbm or linear")
+    base = load_recipe(recipe, set_)
+    with RichProgress() as progress:
+        record = search_mixture(
+            base,
+            Workspace(workspace),
+            trials=trials,
+            proxy=list(proxy or []),
+            objective=objective,
+            concentration=concentration,
+            seed=seed,
+            model=model,
+            progress=progress,
+        )
+    if as_json:
+        console.print_json(json.dumps(record))
+        return
+    print_search(record)
+
+
+def print_search(record: dict) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"mixture search {escape(record['search_id'])}", show_edge=False)
+    domains = record["domains"]
+    for col in ("trial", *domains, "loss", *(f"loss/{d}" for d in domains)):
+        t.add_column(escape(col), justify="left" if col == "trial" else "right", no_wrap=True)
+    for i, trial in enumerate(record["trials"]):
+        label = f"t{i:02d}" + (" natural" if i == 0 else "")
+        t.add_row(
+            label,
+            *(f"{trial['weights'].get(d, 0.0):.3f}" for d in domains),
+            *(_num(trial["metrics"].get(k)) for k in ["loss", *(f"loss/{d}" for d in domains)]),
+        )
+    console.print(t)
+    r = Table(title="regressions (cross-validated)", show_edge=False)
+    for col in ("target", "model", "folds", "spearman", "mae", "rmse"):
+        r.add_column(col, justify="left" if col in ("target", "model") else "right")
+    for name, fit in record["regressions"].items():
+        cv = fit["cv"]
+        r.add_row(
+            escape(name),
+            escape(fit["model"]),
+            str(cv["folds"]),
+            _num(cv["spearman"], ".3f"),
+            _num(cv["mae"]),
+            _num(cv["rmse"]),
+        )
+    console.print(r)
+    weak = [n for n, f in record["regressions"].items() if not (f["cv"]["spearman"] or 0) >= 0.5]
+    if len(record["trials"]) < 16 or weak:
+        err_console.print(
+            f"[yellow]warning:[/] {len(record['trials'])} trials"
+            + (
+                f"; cross-validated Spearman below 0.5 for {escape(', '.join(weak))}"
+                if weak
+                else ""
+            )
+            + ": the recommendation is weak evidence (RegMix fits hundreds of proxy runs)",
+            highlight=False,
+        )
+    console.print(
+        f"objective {escape(record['objective'])}: recommended "
+        f"{escape(_weights_line(record['recommended']))} (natural "
+        f"{escape(_weights_line(record['natural']))})",
+        highlight=False,
+    )
+    predicted = ", ".join(f"{k} {v:.4f}" for k, v in record["predicted"].items())
+    console.print(f"predicted: {escape(predicted)}", highlight=False)
+    console.print(
+        f"search wall time {record['seconds']:,.1f} s over {len(record['trials'])} trials; use "
+        f"it: --set data.mixture.from_search={escape(record['search_id'])}",
+        highlight=False,
+    )
+
+
+@app.command("verify")
+@friendly_errors
+def verify(
+    recipe: Annotated[Path, typer.Argument(help="Recipe TOML file (the target-scale run).")],
+    mixture: Annotated[
+        str,
+        typer.Option(
+            "--mixture",
+            help="A JSON/TOML file of domain = weight (or a search's JSON), or a mixture "
+            "search id (a unique prefix, or latest).",
+        ),
+    ],
+    workspace: WorkspaceOpt = DEFAULT_WS,
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Verify a mixture at the target scale, against the baseline mixture.
+
+    Runs the recipe with its own mixture (the baseline) and with the found one, on the
+    same budget, and show per domain which gains and which loses, and the time-to-target
+    of each (a search's wall time is charged to the found run).
+
+    Both runs train to the full budget (no stop at the target), so their final losses
+    compare like for like; the time-to-target is still the first confirmation.
+    """
+    from rich.table import Table
+
+    from ledgerlm.lab.mix_search import verify_mixture
+    from ledgerlm.workspace import Workspace
+
+    base = load_recipe(recipe, set_)
+    with RichProgress() as progress:
+        out = verify_mixture(base, Workspace(workspace), mixture, progress)
+    if as_json:
+        console.print_json(json.dumps(out))
+        return
+    t = Table(title="validation loss at the same budget", show_edge=False)
+    for col in ("domain", "baseline", "found", "change", ""):
+        t.add_column(col, justify="left" if col in ("domain", "") else "right")
+    for row in out["domains"]:
+        d = row["delta"]
+        verdict = "" if d is None else ("gains" if d < 0 else "loses" if d > 0 else "same")
+        t.add_row(
+            escape(row["domain"]),
+            _num(row["baseline"]),
+            _num(row["found"]),
+            "-" if d is None else f"{d:+.4f}",
+            verdict,
+        )
+    console.print(t)
+    for label in ("baseline", "found"):
+        ttt = out["time_to_target"][label]
+        search_s = out["search_seconds"][label]
+        reached = (
+            f"target reached at step {ttt['step']} after {ttt['seconds']:,.1f} s"
+            if ttt["reached"]
+            else "target NOT reached"
+        )
+        extra = f" (search {search_s:,.1f} s included)" if search_s else ""
+        console.print(
+            f"{label}: run {escape(out['runs'][label])}: {reached}{extra}", highlight=False
+        )

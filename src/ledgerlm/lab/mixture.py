@@ -6,14 +6,16 @@ really consumed).
 
 from __future__ import annotations
 
-from ledgerlm.config import Recipe
+from typing import Any
+
+from ledgerlm.config import Recipe, recipe_from_dict
 from ledgerlm.data.pipeline import prepare_data
 from ledgerlm.mixture.plan import MixturePlan, plan_segments
 from ledgerlm.mixture.schedule import Segment, resolve
 from ledgerlm.progress import Progress
 from ledgerlm.tokens.loader import natural_shares, train_pools
 from ledgerlm.tokens.shards import TokenStore, build_tokens
-from ledgerlm.workspace import Workspace
+from ledgerlm.workspace import Workspace, read_json
 
 
 def tokens_per_update(recipe: Recipe, ranks: int = 1) -> int:
@@ -53,3 +55,29 @@ def plan_recipe(
     data = prepare_data(recipe.data, workspace, progress)
     tokens = build_tokens(data, recipe.tokenizer, workspace, progress)
     return plan(recipe, TokenStore(tokens.path), ranks)
+
+
+def load_search(workspace: Workspace, ref: str) -> dict[str, Any]:
+    """A search record by id, unique prefix or ``latest``."""
+    return read_json(workspace.search_file(workspace.resolve_search(ref)))
+
+
+def use_search(recipe: Recipe, workspace: Workspace) -> tuple[Recipe, dict[str, Any] | None]:
+    """The recipe with ``data.mixture.from_search`` resolved: the search's full id and
+    its recommended weights (the stored recipe names exactly what was trained on), and
+    the search record (None when the recipe names no search)."""
+    mixture = recipe.data.mixture
+    if mixture.from_search is None:
+        return recipe, None
+    record = load_search(workspace, mixture.from_search)
+    weights = {d: float(w) for d, w in record["recommended"].items()}
+    # the weights a search recommends sum to 1 up to rounding: make it exact
+    total = sum(weights.values())
+    weights = {d: w / total for d, w in weights.items()}
+    if mixture.weights != "natural" and mixture.weights != weights:
+        raise ValueError(
+            f"data.mixture: set weights or from_search = {mixture.from_search!r}, not both"
+        )
+    tree = recipe.to_dict()
+    tree["data"]["mixture"].update(weights=weights, from_search=record["search_id"])
+    return recipe_from_dict(tree, "data.mixture.from_search"), record

@@ -37,7 +37,7 @@ from ledgerlm.report.charts import (
     run_color,
 )
 
-PHASE_ORDER = ("prep", "tokenize", "restore", "train", "eval", "checkpoint")
+PHASE_ORDER = ("search", "prep", "tokenize", "restore", "train", "eval", "checkpoint")
 PHASE_COLORS = {
     "prep": "#8dd3c7",
     "tokenize": "#80b1d3",

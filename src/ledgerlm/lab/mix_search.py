@@ -1,0 +1,314 @@
+"""Mixture search with small proxy runs (RegMix style) and the use of its result.
+
+``search_mixture`` runs ``trials`` proxy runs of a recipe (the base recipe with the
+``--proxy`` overrides): the first on the natural mixture (the baseline), the others on
+mixtures drawn from a Dirichlet around it. Every trial is a ledger run named
+``<search id>-t<index>`` with a ``mix_search`` event. A regression from the weights to
+each domain's final validation loss (and the overall loss) is fitted on the trials,
+cross-validated, and the mixture minimising the objective among many candidate draws
+around the natural mixture is the result: ``loss`` (the overall validation loss),
+``loss/<domain>``, or ``worst`` (the largest ratio of a domain's predicted loss to its
+baseline loss). The result is kept in ``mixtures/<search id>.json`` with the search's
+wall time (trials and fit).
+
+A run uses a result with ``data.mixture.from_search``: ``lab.mixture.use_search``
+replaces the recipe's weights with the recommended ones before the run is created, and the run
+records the search's wall time as a ``search`` phase, so its time-to-target includes
+the cost of the decision.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ledgerlm.config import Recipe, apply_overrides, recipe_from_dict
+from ledgerlm.ledger.store import Ledger
+from ledgerlm.mixture.regress import dirichlet_around, fit_regression, recommend
+from ledgerlm.progress import NullProgress, Progress
+from ledgerlm.workspace import Workspace, atomic_write_json
+
+EVENT = "mix_search"
+OBJECTIVES = ("loss", "worst")  # or loss/<domain>
+
+
+@dataclass
+class Trial:
+    run_id: str
+    weights: dict[str, float]
+    metrics: dict[str, float]  # the final evaluation's (loss and loss/<domain>)
+    seconds: float  # the run's wall time (all its phases)
+
+
+def new_search_id(base: Recipe) -> str:
+    return f"{base.name}-mix-{secrets.token_hex(3)}"
+
+
+def proxy_recipe(base: Recipe, proxy: list[str]) -> Recipe:
+    """The base recipe with the ``--proxy`` overrides; a proxy trains to its budget (no
+    stop at the target) so the trials' final losses are comparable."""
+    tree = apply_overrides(base.to_dict(), [*proxy, "eval.stop_at_target=false"])
+    proxied = recipe_from_dict(tree, "--proxy")
+    same_data = proxied.data.model_dump(exclude={"mixture"}) == base.data.model_dump(
+        exclude={"mixture"}
+    )
+    if not same_data or proxied.tokenizer != base.tokenizer:
+        raise ValueError(
+            "--proxy may not change [data] or [tokenizer]: the trials must share the data "
+            "and token versions that the target run uses"
+        )
+    return proxied
+
+
+def _objective_values(objective: str, preds: dict[str, np.ndarray], baseline: dict[str, float]):
+    if objective == "loss" or objective.startswith("loss/"):
+        return preds[objective]
+    # worst: the largest ratio of a domain's loss to its baseline loss
+    ratios = [preds[k] / baseline[k] for k in preds if k.startswith("loss/")]
+    return np.max(np.stack(ratios), axis=0)
+
+
+def check_objective(objective: str, domains: list[str]) -> None:
+    if objective in OBJECTIVES:
+        return
+    if objective.startswith("loss/") and objective.split("/", 1)[1] in domains:
+        return
+    raise ValueError(
+        f"objective {objective!r}: use loss, worst, or loss/<domain> "
+        f"(domains: {', '.join(domains)})"
+    )
+
+
+def _write_event(workspace: Workspace, run_id: str, message: dict[str, Any]) -> None:
+    with Ledger(workspace.ledger_path) as ledger:
+        ledger.add_event(run_id, EVENT, json.dumps(message))
+
+
+def search_mixture(
+    base: Recipe,
+    workspace: Workspace,
+    *,
+    trials: int,
+    proxy: list[str],
+    objective: str = "loss",
+    concentration: float | None = None,
+    seed: int = 0,
+    model: str = "auto",
+    candidates: int = 100_000,
+    progress: Progress | None = None,
+    search_id: str | None = None,
+) -> dict[str, Any]:
+    """Run the proxy trials, fit the regressions, and keep the recommended mixture.
+
+    Returns (and writes to ``mixtures/<search id>.json``) the search record: id,
+    objective, natural mixture, trials (run, weights, final losses, seconds), the
+    cross-validated regressions, the recommended mixture with its predicted losses, and
+    the search's wall time.
+    """
+    from ledgerlm.lab.mixture import segments  # imports the token store
+    from ledgerlm.lab.run import run_recipe  # the runner imports torch
+    from ledgerlm.tokens.shards import TokenStore
+
+    if trials < 3:
+        raise ValueError(f"--trials {trials}: a regression needs at least 3 trials")
+    progress = progress or NullProgress()
+    started = time.perf_counter()
+    search_id = search_id or new_search_id(base)
+    proxied = proxy_recipe(base, proxy)
+    done: list[Trial] = []
+    natural: dict[str, float] = {}
+    domains: list[str] = []
+    mixtures: np.ndarray | None = None
+    with progress.task(f"mix search {search_id}", total=trials) as task:
+        for i in range(trials):
+            if i == 0:
+                mix: Any = "natural"
+            else:
+                assert mixtures is not None
+                mix = {d: float(w) for d, w in zip(domains, mixtures[i - 1], strict=True)}
+            recipe = _trial(proxied, f"{search_id}-t{i:02d}", mix)
+            result = run_recipe(recipe, workspace, progress)
+            summary = result.summary
+            if i == 0:
+                store = TokenStore(result.tokens.path)
+                domains = list(store.domains)
+                check_objective(objective, domains)
+                (seg,) = segments(recipe, store)
+                natural = dict(seg.weights)
+                center = np.array([natural[d] for d in domains])
+                c = concentration if concentration is not None else float(len(domains))
+                mixtures = dirichlet_around(center, c, trials - 1, seed)
+                mix = natural
+            last = summary["evaluations"][-1]["metrics"]
+            trial = Trial(result.run_id, dict(mix), dict(last), float(summary["total_seconds"]))
+            done.append(trial)
+            _write_event(
+                workspace,
+                result.run_id,
+                {"search_id": search_id, "index": i, "of": trials, "weights": trial.weights},
+            )
+            task.advance(1, info=f"t{i:02d} loss {last.get('loss', float('nan')):.4f}")
+    record = fit_search(
+        done,
+        domains,
+        objective=objective,
+        concentration=concentration if concentration is not None else float(len(domains)),
+        seed=seed,
+        model=model,
+        candidates=candidates,
+    )
+    record.update(
+        search_id=search_id,
+        base_recipe=base.name,
+        proxy=proxy,
+        seconds=time.perf_counter() - started,
+        trial_seconds=sum(t.seconds for t in done),
+    )
+    atomic_write_json(workspace.search_file(search_id), record)
+    return record
+
+
+def _trial(proxied: Recipe, name: str, mix: Any) -> Recipe:
+    tree = proxied.to_dict()
+    tree["name"] = name
+    tree["data"]["mixture"] = {**tree["data"]["mixture"], "weights": mix, "stages": []}
+    return recipe_from_dict(tree, name)
+
+
+def fit_search(
+    trials: list[Trial],
+    domains: list[str],
+    *,
+    objective: str,
+    concentration: float,
+    seed: int = 0,
+    model: str = "auto",
+    candidates: int = 100_000,
+) -> dict[str, Any]:
+    """Regressions from the trials' weights to each final loss, and the mixture that
+    minimises ``objective`` among ``candidates`` draws around the natural mixture (the
+    first trial's). A pure function of the trials: tested without training."""
+    check_objective(objective, domains)
+    natural = trials[0].weights
+    x = np.array([[t.weights.get(d, 0.0) for d in domains] for t in trials])
+    targets = ["loss", *(f"loss/{d}" for d in domains)]
+    fits = {}
+    for name in targets:
+        y = np.array([t.metrics[name] for t in trials], dtype=np.float64)
+        fits[name] = fit_regression(x, y, domains, model=model, seed=seed)
+    baseline = {name: float(trials[0].metrics[name]) for name in targets}
+
+    def predict_all(w: np.ndarray) -> dict[str, np.ndarray]:
+        return {name: fit.predict(w) for name, fit in fits.items()}
+
+    def score(w: np.ndarray) -> np.ndarray:
+        return _objective_values(objective, predict_all(w), baseline)
+
+    center = np.array([natural[d] for d in domains])
+    best = recommend(score, center, concentration, candidates=candidates, seed=seed)
+    predicted = {k: float(v[0]) for k, v in predict_all(best[None, :]).items()}
+    return {
+        "objective": objective,
+        "domains": domains,
+        "natural": natural,
+        "concentration": concentration,
+        "trials": [
+            {"run": t.run_id, "weights": t.weights, "metrics": t.metrics, "seconds": t.seconds}
+            for t in trials
+        ],
+        "regressions": {name: fit.to_dict() for name, fit in fits.items()},
+        "recommended": {d: float(w) for d, w in zip(domains, best, strict=True)},
+        "predicted": predicted,
+        "baseline": baseline,
+    }
+
+
+def read_mixture(workspace: Workspace, ref: str) -> tuple[dict[str, float] | None, str | None]:
+    """``--mixture``: a JSON or TOML file of {domain: weight} (or a search record's
+    ``recommended``), else a search id (unique prefix, latest). Returns (weights, None)
+    for a file and (None, search id) for a search."""
+    path = Path(ref)
+    if not path.is_file():
+        return None, workspace.resolve_search(ref)
+    text = path.read_text(encoding="utf-8")
+    try:
+        found = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as err:
+        raise ValueError(f"{path}: not valid {path.suffix.lstrip('.') or 'JSON'}: {err}") from None
+    if isinstance(found, dict) and isinstance(found.get("recommended"), dict):
+        found = found["recommended"]
+    if isinstance(found, dict) and "data" in found:  # a recipe: its [data.mixture] weights
+        found = found["data"].get("mixture", {}).get("weights")
+    if not isinstance(found, dict) or not found:
+        raise ValueError(f"{path}: expected a table of domain = weight")
+    try:
+        weights = {str(d): float(w) for d, w in found.items()}
+    except (TypeError, ValueError):
+        raise ValueError(f"{path}: every weight must be a number") from None
+    total = sum(weights.values())
+    if abs(total - 1) > 1e-3 or min(weights.values()) < 0:
+        raise ValueError(f"{path}: weights must be >= 0 and sum to 1 (they sum to {total:g})")
+    return {d: w / total for d, w in weights.items()}, None
+
+
+def verify_mixture(
+    base: Recipe,
+    workspace: Workspace,
+    mixture: str,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """The target-scale run with the recipe's own mixture (the baseline) and with the
+    found one, on the same budget (both train to it: no stop at the target, so the final
+    losses compare like for like; the time-to-target is still the first confirmation).
+    With a search id the found run is charged the search's wall time.
+
+    Returns both run ids, the per-domain final validation loss of each with the change
+    (negative: the found mixture is better there), and each run's time-to-target.
+    """
+    from ledgerlm.lab.run import run_recipe  # the runner imports torch
+
+    progress = progress or NullProgress()
+    weights, search_id = read_mixture(workspace, mixture)
+    tree = apply_overrides(base.to_dict(), ["eval.stop_at_target=false"])
+    baseline = recipe_from_dict({**tree, "name": f"{base.name}-baseline"}, "mix verify")
+    found_tree = json.loads(json.dumps(tree))
+    found_tree["name"] = f"{base.name}-mixed"
+    found_mix = found_tree["data"]["mixture"]
+    found_mix["stages"] = []
+    if search_id is not None:
+        found_mix.update(weights="natural", from_search=search_id)
+    else:
+        found_mix.update(weights=weights, from_search=None)
+    found = recipe_from_dict(found_tree, "mix verify")
+    results = {}
+    for label, recipe in (("baseline", baseline), ("found", found)):
+        results[label] = run_recipe(recipe, workspace, progress)
+    rows = []
+    finals = {k: r.summary["evaluations"][-1]["metrics"] for k, r in results.items()}
+    names = sorted({k for m in finals.values() for k in m if k.startswith("loss/")})
+    for name in ["loss", *names]:
+        a, b = finals["baseline"].get(name), finals["found"].get(name)
+        rows.append(
+            {
+                "domain": "all" if name == "loss" else name.split("/", 1)[1],
+                "baseline": a,
+                "found": b,
+                "delta": None if a is None or b is None else b - a,
+            }
+        )
+    return {
+        "mixture": weights if weights is not None else {"search": search_id},
+        "runs": {k: r.run_id for k, r in results.items()},
+        "domains": rows,
+        "time_to_target": {k: r.summary["time_to_target"] for k, r in results.items()},
+        "search_seconds": {
+            k: r.summary["phase_totals"].get("search", 0.0) for k, r in results.items()
+        },
+    }

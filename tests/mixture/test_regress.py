@@ -1,0 +1,373 @@
+"""The mixture regression (RegMix style): Dirichlet draws around a center, the
+concentration estimate, the cross-validated fit, the recommended mixture and reading a
+table of runs from CSV."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ledgerlm.mixture import regress
+from ledgerlm.mixture.regress import (
+    concentration_of,
+    dirichlet_around,
+    fit_regression,
+    read_mixture_table,
+    recommend,
+    spearman,
+)
+
+# The smooth loss of the synthetic tables: sum_i a_i * -log(w_i + EPS). On the simplex
+# its minimum is at w_i = (1 + k EPS) a_i - EPS, within 0.004 of a.
+A = np.array([0.4, 0.3, 0.2, 0.1])
+EPS = 1e-3
+OPTIMUM = (1 + A.size * EPS) * A - EPS
+# max |recommended_i - optimum_i| over the domains: boosted trees on 200 rows resolve the
+# minimum to a few hundredths (0.004 to 0.044 over 8 seeds of this table); the table's
+# mean mixture (uniform) is 0.15 away.
+RECOMMEND_TOLERANCE = 0.06
+
+
+def smooth_loss(w: np.ndarray) -> np.ndarray:
+    return -(np.log(w + EPS) * A).sum(axis=1)
+
+
+def write_csv(path, header, rows) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+# -- dirichlet_around and concentration_of ------------------------------------------------
+
+
+def test_dirichlet_rows_are_mixtures_deterministic_per_seed_and_keep_zero_domains():
+    center = np.array([0.5, 0.0, 0.3, 0.2, 0.0])
+    w = dirichlet_around(center, 10.0, 2_000, seed=7)
+    assert w.shape == (2_000, 5)
+    np.testing.assert_allclose(w.sum(axis=1), 1.0, atol=1e-12)
+    assert np.all(w >= 0)
+    assert np.all(w[:, [1, 4]] == 0)
+    np.testing.assert_array_equal(w, dirichlet_around(center, 10.0, 2_000, seed=7))
+    assert not np.array_equal(w, dirichlet_around(center, 10.0, 2_000, seed=8))
+    np.testing.assert_allclose(w.mean(axis=0), center, atol=0.01)
+    # an unnormalised center is the same center
+    np.testing.assert_array_equal(w, dirichlet_around(2 * center, 10.0, 2_000, seed=7))
+
+
+def test_dirichlet_with_one_live_domain_or_a_tiny_concentration():
+    np.testing.assert_array_equal(
+        dirichlet_around(np.array([0.0, 1.0, 0.0]), 5.0, 3, seed=0), [[0, 1, 0]] * 3
+    )
+    w = dirichlet_around(np.full(6, 1 / 6), 1e-3, 500, seed=0)  # mass piles on corners
+    assert np.all(np.isfinite(w))
+    np.testing.assert_allclose(w.sum(axis=1), 1.0, atol=1e-12)
+
+
+@pytest.mark.parametrize("bad", [np.array([0.5, -0.1, 0.6]), np.zeros(3), np.array([np.nan, 1])])
+def test_dirichlet_refuses_a_bad_center(bad):
+    with pytest.raises(ValueError, match="center"):
+        dirichlet_around(bad, 5.0, 3, seed=0)
+    with pytest.raises(ValueError, match="concentration"):
+        dirichlet_around(np.array([0.5, 0.5]), 0.0, 3, seed=0)
+
+
+@pytest.mark.parametrize("s", [3.0, 20.0, 150.0])
+def test_concentration_of_recovers_a_known_concentration_within_20_percent(s):
+    center = np.array([0.35, 0.25, 0.2, 0.1, 0.06, 0.04])
+    w = dirichlet_around(center, s, 5_000, seed=int(s))
+    assert concentration_of(w) == pytest.approx(s, rel=0.2)
+
+
+def test_concentration_of_falls_back_when_rows_do_not_determine_it():
+    k = 4
+    fallback = regress.FALLBACK_CONCENTRATION_PER_DOMAIN * k
+    assert concentration_of(np.full((1, k), 0.25)) == fallback
+    assert concentration_of(np.full((10, k), 0.25)) == fallback  # no variance
+    lo, hi = regress.CONCENTRATION_RANGE
+    assert lo <= concentration_of(np.eye(k)[[0, 1, 2, 3] * 3]) <= hi  # corners: widest
+
+
+# -- fit_regression ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smooth_table():
+    w = dirichlet_around(np.full(4, 0.25), 3.0, 200, seed=1)
+    return w, smooth_loss(w)
+
+
+def test_lightgbm_learns_a_smooth_loss_and_recommends_near_its_minimum(smooth_table):
+    w, y = smooth_table
+    reg = fit_regression(w, y, list("abcd"))
+    assert reg.model == "lightgbm"  # auto: 200 rows >= 32
+    assert reg.cv.folds == 5 and reg.cv.predictions.shape == (200,)
+    assert reg.cv.spearman > 0.9
+    assert reg.cv.rmse >= reg.cv.mae > 0
+    best = recommend(reg.predict, w.mean(axis=0), concentration_of(w), candidates=20_000)
+    assert best.sum() == pytest.approx(1.0, abs=1e-12)
+    assert np.max(np.abs(best - OPTIMUM)) < RECOMMEND_TOLERANCE, best
+    # its true loss is within 1% of the table's range of the true minimum
+    excess = smooth_loss(best[None, :])[0] - smooth_loss(OPTIMUM[None, :])[0]
+    assert 0 <= excess < 0.01 * np.ptp(y)
+
+
+def test_the_fit_is_deterministic_for_a_seed(smooth_table):
+    w, y = smooth_table
+    one = fit_regression(w[:80], y[:80], list("abcd"), seed=3)
+    two = fit_regression(w[:80], y[:80], list("abcd"), seed=3)
+    np.testing.assert_array_equal(one.cv.predictions, two.cv.predictions)
+    np.testing.assert_array_equal(one.predict(w), two.predict(w))
+    other = fit_regression(w[:80], y[:80], list("abcd"), seed=4)  # other folds
+    assert not np.array_equal(one.cv.predictions, other.cv.predictions)
+
+
+def test_linear_fits_an_exactly_linear_target_on_a_handful_of_rows():
+    w = dirichlet_around(np.array([0.5, 0.3, 0.2]), 5.0, 10, seed=3)
+    y = w @ np.array([2.0, 3.0, 5.0])
+    reg = fit_regression(w, y, ["web", "code", "math"])
+    assert reg.model == "linear"  # auto: 10 rows < 32
+    assert reg.cv.spearman > 0.99
+    assert reg.cv.mae < 1e-3 * np.ptp(y)
+    np.testing.assert_allclose(reg.cv.predictions, y, atol=1e-3 * np.ptp(y))  # row order
+    np.testing.assert_allclose(reg.predict(w), y, atol=1e-3 * np.ptp(y))
+    # the recommendation of a linear loss is its cheapest corner side: mostly "web"
+    best = recommend(reg.predict, w.mean(axis=0), concentration_of(w), candidates=5_000)
+    assert np.argmax(best) == 0 and best[0] > w.mean(axis=0)[0]
+
+
+def test_folds_are_capped_by_the_rows_leave_one_out_below():
+    w = dirichlet_around(np.full(3, 1 / 3), 5.0, 4, seed=0)
+    y = w @ np.array([1.0, 2.0, 3.0])
+    assert fit_regression(w, y, list("abc"), folds=5).cv.folds == 4
+    assert fit_regression(w, y, list("abc"), folds=2).cv.folds == 2
+    w40 = dirichlet_around(np.full(3, 1 / 3), 5.0, 40, seed=0)
+    reg = fit_regression(w40, w40 @ np.array([1.0, 2.0, 3.0]), list("abc"), model="linear")
+    assert reg.model == "linear" and reg.cv.folds == 5
+
+
+def test_a_constant_target_has_no_spearman_and_its_summary_is_json():
+    w = dirichlet_around(np.full(3, 1 / 3), 5.0, 8, seed=0)
+    reg = fit_regression(w, np.full(8, 2.5), list("abc"))
+    assert math.isnan(reg.cv.spearman) and reg.cv.mae == pytest.approx(0, abs=1e-12)
+    summary = reg.to_dict()
+    json.dumps(summary, allow_nan=False)
+    assert summary["cv"]["spearman"] is None
+    assert summary["rows"] == 8 and summary["domains"] == ["a", "b", "c"]
+    assert set(summary) == {"model", "domains", "rows", "settings", "cv"}
+
+
+def test_fit_regression_refuses_what_it_cannot_fit():
+    w = dirichlet_around(np.full(3, 1 / 3), 5.0, 6, seed=0)
+    y = w[:, 0]
+    with pytest.raises(ValueError, match="at least 3 rows"):
+        fit_regression(w[:2], y[:2], list("abc"))
+    with pytest.raises(ValueError, match="unknown model"):
+        fit_regression(w, y, list("abc"), model="forest")
+    with pytest.raises(ValueError, match="2 folds"):
+        fit_regression(w, y, list("abc"), folds=1)
+    with pytest.raises(ValueError, match="domain names"):
+        fit_regression(w, y, list("ab"))
+    with pytest.raises(ValueError, match="finite"):
+        fit_regression(w, np.r_[y[:-1], np.nan], list("abc"))
+    reg = fit_regression(w, y, list("abc"))
+    with pytest.raises(ValueError, match="3 domains"):
+        reg.predict(np.ones((2, 4)) / 4)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_spearman_matches_scipy_with_ties(seed):
+    from scipy.stats import spearmanr
+
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, 6, 40).astype(float)  # many ties
+    b = a + rng.normal(0, 2, 40).round()
+    assert spearman(a, b) == pytest.approx(spearmanr(a, b).statistic, abs=1e-12)
+    assert math.isnan(spearman(a, np.ones(40)))
+
+
+# -- recommend ---------------------------------------------------------------------------
+
+
+def test_recommend_averages_the_best_of_every_candidate_it_scored(monkeypatch):
+    monkeypatch.setattr(regress, "RECOMMEND_CHUNK", 37)  # several chunks, one partial
+    target = np.array([0.6, 0.3, 0.1])
+    seen = []
+
+    def distance(w):
+        seen.append(w.copy())
+        return np.abs(w - target).sum(axis=1)
+
+    best = recommend(distance, np.full(3, 1 / 3), 3.0, candidates=200, top_k=10, seed=5)
+    scored = np.concatenate(seen)
+    assert len(scored) == 200 and max(len(s) for s in seen) <= 37
+    brute = scored[np.argsort(distance(scored), kind="stable")[:10]].mean(axis=0)
+    np.testing.assert_allclose(best, brute / brute.sum(), atol=1e-12)
+    assert best.sum() == pytest.approx(1.0, abs=1e-12)
+    again = recommend(distance, np.full(3, 1 / 3), 3.0, candidates=200, top_k=10, seed=5)
+    np.testing.assert_array_equal(best, again)
+
+
+def test_recommend_with_fewer_candidates_than_top_k_and_zero_domains():
+    best = recommend(lambda w: w[:, 0], np.array([0.5, 0.5, 0.0]), 5.0, candidates=7, top_k=100)
+    assert best[2] == 0 and best.sum() == pytest.approx(1.0)
+
+
+# -- read_mixture_table ------------------------------------------------------------------
+
+
+def test_reads_domains_target_and_run_names(tmp_path):
+    path = tmp_path / "runs.csv"
+    write_csv(
+        path,
+        ["run", "web", "code", "loss", "seed", "math"],
+        [["r1", "0.5", "0.3", "2.5", "1", "0.2"], ["r2", "0.2", "0.2", "2.7", "2", "0.6"]],
+    )
+    t = read_mixture_table(path, "loss", ignore=["seed"])
+    assert t.domains == ["web", "code", "math"] and t.target_name == "loss"
+    np.testing.assert_allclose(t.weights, [[0.5, 0.3, 0.2], [0.2, 0.2, 0.6]])
+    np.testing.assert_allclose(t.target, [2.5, 2.7])
+    assert t.names == ["r1", "r2"]
+    # the --predict file: exactly the given domains, in their order; no target needed
+    p = read_mixture_table(path, None, domains=["math", "web", "code"])
+    np.testing.assert_allclose(p.weights, [[0.2, 0.5, 0.3], [0.6, 0.2, 0.2]])
+    assert p.target is None and p.names == ["r1", "r2"]
+
+
+def test_rows_within_the_tolerance_are_renormalised(tmp_path):
+    path = tmp_path / "runs.csv"
+    write_csv(path, ["a", "b", "y"], [["0.5004", "0.5", "1"], ["0.2", "0.7995", "2"]])
+    t = read_mixture_table(path, "y")
+    np.testing.assert_allclose(t.weights.sum(axis=1), 1.0, atol=1e-15)
+    assert t.names is None
+
+
+def test_line_numbers_count_the_header_and_blank_lines(tmp_path):
+    path = tmp_path / "runs.csv"
+    path.write_text("\ufeffa,b,y\n0.5,0.5,1\n\n0.5,0.6,2\n")  # a BOM; a blank line 3
+    with pytest.raises(ValueError, match=r"runs\.csv:4: the weights sum to 1\.1, not 1"):
+        read_mixture_table(path, "y")
+
+
+BAD_TABLES = [  # (file text, --target, the error after "<path>")
+    ("", "y", ": empty file"),
+    ("0.5,0.5,1\n0.5,0.5,2\n", "y", ":1: no header"),
+    ("a,b,y\n", "y", ": no rows after the header"),
+    ("a,b,y\n0.5,0.5,1\n", "loss", ":1: --target column 'loss' is not in the header"),
+    ("a,a,y\n0.5,0.5,1\n", "y", ":1: column 'a' appears twice"),
+    ("a,,y\n0.5,0.5,1\n", "y", ":1: column 2 of the header has no name"),
+    ("a,b,y\n0.5,0.5\n", "y", ":2: 2 fields where the header has 3"),
+    (
+        "a,b,y\n0.5,0.5,1\n0.5,x,1\n0.5,0.5,1\n",
+        "y",
+        ":3: weight 'x' is not a number for domain 'b'",
+    ),
+    ("a,b,y\n0.5,0.5,1\n0.5,,1\n", "y", ":3: no weight for domain 'b'"),
+    ("a,b,y\n1.5,-0.5,1\n", "y", ":2: weight -0.5 of domain 'b' is negative"),
+    ("a,b,y\n0.5,nan,1\n", "y", ":2: weight 'nan' of domain 'b' is not finite"),
+    ("a,b,y\n0.5,0.5,\n", "y", ":2: target 'y': missing"),
+    ("a,b,y\n0.5,0.5,inf\n", "y", ":2: target 'y': 'inf' is not finite"),
+    ("a,b,y\n0.5,0.5,abc\n", "y", ":2: target 'y': 'abc' is not a number"),
+    ("a,name,y\n1,x,1\n", "y", ":1: 1 domain weight column (a); a mixture needs at least 2"),
+]
+
+
+@pytest.mark.parametrize(("text", "target", "message"), BAD_TABLES)
+def test_bad_tables_are_one_line_errors_naming_file_and_line(tmp_path, text, target, message):
+    path = tmp_path / "runs.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError) as info:
+        read_mixture_table(path, target)
+    assert str(info.value).startswith(f"{path}{message}")
+    assert "\n" not in str(info.value)
+
+
+def test_missing_file_unknown_ignore_and_missing_domain(tmp_path):
+    with pytest.raises(ValueError, match=r"nope\.csv: no such file"):
+        read_mixture_table(tmp_path / "nope.csv", "y")
+    path = tmp_path / "runs.csv"
+    write_csv(path, ["a", "b", "y"], [["0.5", "0.5", "1"]])
+    with pytest.raises(ValueError, match=r":1: --ignore column 'seed' is not in the header"):
+        read_mixture_table(path, "y", ignore=["seed"])
+    with pytest.raises(ValueError, match=r":1: no column for domain 'c'"):
+        read_mixture_table(path, None, domains=["a", "c"])
+    with pytest.raises(ValueError, match="is a folder"):
+        read_mixture_table(tmp_path, "y")
+
+
+# Column names a user might write: letters, digits, spaces, commas and quotes inside
+# (the csv module quotes them), never a number, never padded (cells are stripped).
+names = st.text(st.sampled_from("abcxyz019 _-,\"'[]/"), min_size=0, max_size=8).map(
+    lambda s: "d" + s.strip()
+)
+
+
+@st.composite
+def tables(draw):
+    k = draw(st.integers(2, 6))
+    domains = draw(st.lists(names, min_size=k, max_size=k, unique=True))
+    n = draw(st.integers(1, 12))
+    raw = draw(
+        st.lists(
+            st.lists(st.floats(0, 1, allow_subnormal=False), min_size=k, max_size=k).filter(
+                lambda r: sum(r) > 1e-6
+            ),
+            min_size=n,
+            max_size=n,
+        )
+    )
+    w = np.array(raw)
+    w /= w.sum(axis=1, keepdims=True)
+    y = draw(st.lists(st.floats(-1e6, 1e6), min_size=n, max_size=n))
+    return domains, w, np.array(y)
+
+
+def _write_table(path, domains, w, y):
+    header = ["run name", *domains, "target value"]
+    rows = [
+        [f"run {i}", *map(repr, map(float, r)), repr(float(v))]
+        for i, (r, v) in enumerate(zip(w, y, strict=True))
+    ]
+    write_csv(path, header, rows)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(table=tables())
+def test_tables_of_valid_mixtures_round_trip(tmp_path, table):
+    domains, w, y = table
+    path = tmp_path / "t.csv"
+    _write_table(path, domains, w, y)
+    t = read_mixture_table(path, "target value")
+    assert t.domains == domains and t.target_name == "target value"
+    np.testing.assert_allclose(t.weights, w, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(t.target, y)
+    assert t.names == [f"run {i}" for i in range(len(w))]
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    table=tables(),
+    data=st.data(),
+    off=st.floats(0.0011, 0.15) | st.floats(-0.15, -0.0011),
+)
+def test_a_row_off_by_more_than_the_tolerance_is_refused_with_its_line(tmp_path, table, data, off):
+    domains, w, y = table
+    row = data.draw(st.integers(0, len(w) - 1))
+    j = int(np.argmax(w[row]))  # the largest weight (>= 1/6) can give up to 0.15
+    w = w.copy()
+    w[row, j] += off
+    path = tmp_path / "t.csv"
+    _write_table(path, domains, w, y)
+    with pytest.raises(ValueError, match=rf"t\.csv:{row + 2}: the weights sum to "):
+        read_mixture_table(path, "target value")

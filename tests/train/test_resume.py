@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from ledgerlm.config import ModelConfig, PackConfig, TrainConfig
 from ledgerlm.lab.resume import resume_run
 from ledgerlm.ledger.store import Ledger, LedgerError
+from ledgerlm.mixture.schedule import Segment
 from ledgerlm.model.gpt import GPT
 from ledgerlm.tokens.loader import train_batches
 from ledgerlm.train.checkpoint import (
@@ -58,6 +59,7 @@ class _Store:
             "domain": np.arange(n) % 2,
             "weight": rng.integers(1, 3, size=n).astype(float),
         }
+        self.domains = ["a", "b"]
 
     def split_docs(self, split):
         return self.docs
@@ -100,27 +102,38 @@ def _parts(optimizer: str, init_seed: int):
     return model, build_optimizer(model, cfg), cfg
 
 
-def _trainer(model, opt, cfg, store, folder, *extra, cursor=None):
-    stream = train_batches(store, PACK, cfg.micro_batch_rows, cfg.seed, cursor=cursor)
+def _trainer(model, opt, cfg, store, folder, *extra, cursor=None, mixture=None):
+    stream = train_batches(
+        store, PACK, cfg.micro_batch_rows, cfg.seed, cursor=cursor, mixture=mixture
+    )
     callbacks = [CheckpointCallback(folder, cfg.checkpoint_every), *extra]
     return Trainer(model, opt, cfg, stream, "isolated", callbacks=callbacks)
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_resumed_training_is_bitwise_the_uninterrupted_one(tmp_path, optimizer):
+# A staged mixture: natural for the first third of the 14 x 64-token updates, then
+# three quarters of domain "b" (two domains alternate in the store).
+STAGED = [Segment(300, {"a": 0.5, "b": 0.5}, natural=True), Segment(None, {"a": 0.25, "b": 0.75})]
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "mixture"), [("adamw", None), ("muon", None), ("adamw", STAGED)]
+)
+def test_resumed_training_is_bitwise_the_uninterrupted_one(tmp_path, optimizer, mixture):
     store = _Store()
     model, opt, cfg = _parts(optimizer, 0)
-    reference = _trainer(model, opt, cfg, store, tmp_path / "ref")
+    reference = _trainer(model, opt, cfg, store, tmp_path / "ref", mixture=mixture)
     reference.fit()
 
     model, opt, cfg = _parts(optimizer, 0)
     with pytest.raises(_Killed):
-        _trainer(model, opt, cfg, store, tmp_path / "run", _KillAt(10)).fit()
+        _trainer(model, opt, cfg, store, tmp_path / "run", _KillAt(10), mixture=mixture).fit()
 
     fresh, fresh_opt, cfg = _parts(optimizer, 1)  # other initial weights: all must come back
     state = load_training(tmp_path / "run", fresh, fresh_opt)
-    assert state["step"] == 8 and state["data"]["cursor"]["offset"] >= 0
-    resumed = _trainer(fresh, fresh_opt, cfg, store, tmp_path / "run", cursor=state["data"])
+    assert state["step"] == 8 and state["data"]["offset" if mixture else "cursor"] is not None
+    resumed = _trainer(
+        fresh, fresh_opt, cfg, store, tmp_path / "run", cursor=state["data"], mixture=mixture
+    )
     resumed.load_state_dict(state["trainer"])
     resumed.fit()
 
@@ -132,7 +145,11 @@ def test_resumed_training_is_bitwise_the_uninterrupted_one(tmp_path, optimizer):
     assert structure == ref_structure
     assert all(torch.equal(ref_tensors[k], tensors[k]) for k in ref_tensors)
     assert asdict(resumed.state) == asdict(reference.state)  # counters and full history
-    assert resumed.batches.cursor == reference.batches.cursor
+    assert resumed.batches.state_dict() == reference.batches.state_dict()
+    consumed = reference.state.domain_tokens
+    assert sum(consumed.values()) == reference.state.tokens
+    if mixture:  # the second stage leans on b
+        assert consumed["b"] > 1.3 * consumed["a"]
 
 
 def test_checkpoint_files_are_checked_and_hold_no_pickle(tmp_path):

@@ -113,3 +113,23 @@ def test_verify_runs_the_found_and_the_baseline_mixture(ws, tmp_path):
     assert math_row["delta"] == pytest.approx(
         last - base["evaluations"][-1]["metrics"]["loss/math"]
     )
+
+
+def test_report_and_data_inspect_show_the_consumed_tokens(ws, tmp_path):
+    runs = ledgerlm("ledger", "list", "-w", str(ws), "--json").stdout
+    mixed = next(
+        r["id"]
+        for r in json.loads(runs)
+        if _show(ws, r["id"])["run"]["recipe"]["data"]["mixture"]["weights"] != "natural"
+    )
+    page = tmp_path / "r.html"
+    ledgerlm("report", mixed, "-w", str(ws), "-o", str(page))
+    html = page.read_text()
+    assert "Mixture: configured and consumed" in html and "math" in html
+    s = _show(ws, mixed)
+    version = s["run"]["data_version"]
+    out = json.loads(ledgerlm("data", "inspect", version, "-w", str(ws), "--json").stdout)
+    (row,) = [r for r in out["consumed_by_runs"] if r["run"] == mixed]
+    assert {d["domain"]: d["tokens"] for d in row["domains"]} == {
+        d: int(s["counters"][f"tokens/{d}"]) for d in ("code", "docs", "math")
+    }

@@ -22,6 +22,8 @@ from ledgerlm.cli.ui import (
 )
 from ledgerlm.config import load_recipe
 from ledgerlm.data.pipeline import prepare_data
+from ledgerlm.ledger.mixture import realised
+from ledgerlm.ledger.store import Ledger
 from ledgerlm.workspace import Workspace
 
 app = typer.Typer(help="Build and inspect data versions.", no_args_is_help=True)
@@ -73,11 +75,13 @@ def inspect(
     workspace: WorkspaceOpt = DEFAULT_WS,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show a data version's manifest: inputs, steps, counts, files."""
+    """Show a data version's manifest: inputs, steps, counts, files; and the training
+    tokens that the runs on it consumed per domain (with their epochs)."""
     ws = Workspace(workspace)
     manifest = ws.manifest("data", ws.resolve_version("data", version))
+    consumed = consumed_by_runs(ws, manifest["version"])
     if as_json:
-        console.print_json(json.dumps(manifest))
+        console.print_json(json.dumps({**manifest, "consumed_by_runs": consumed}))
         return
     c = manifest["counts"]
     console.print(escape(f"data version {manifest['version']}  ({c['conservation']})"))
@@ -133,3 +137,41 @@ def inspect(
                 f"{row['chars']:>13,} chars"
             )
         )
+    if consumed:
+        _consumed_table(consumed)
+
+
+def consumed_by_runs(ws: Workspace, version: str) -> list[dict]:
+    """Per run on this data version (newest first): the training tokens it consumed per
+    domain, their share and the epochs over the domain's train tokens."""
+    if not ws.ledger_path.is_file():
+        return []
+    with Ledger(ws.ledger_path) as ledger:
+        runs = [r for r in ledger.list_runs() if r["data_version"] == version]
+        out = []
+        for r in runs:
+            rows = realised(ledger.run_summary(r["id"]))
+            if rows:
+                out.append({"run": r["id"], "status": r["status"], "domains": rows})
+    return out
+
+
+def _consumed_table(consumed: list[dict]) -> None:
+    names = sorted({d["domain"] for r in consumed for d in r["domains"]})
+    t = Table(show_edge=False)
+    t.add_column("run")
+    for name in names:
+        t.add_column(escape(name), justify="right")
+    for r in consumed:
+        by = {d["domain"]: d for d in r["domains"]}
+        cells = []
+        for name in names:
+            d = by.get(name)
+            if d is None:
+                cells.append("-")
+                continue
+            epochs = "" if d["exposure"] is None else f" ({d['exposure']:.2g} ep)"
+            cells.append(f"{d['tokens']:,}{epochs}")
+        t.add_row(escape(r["run"]), *cells)
+    console.print("[bold]tokens consumed per domain by the runs on this version[/] (epochs)")
+    console.print(t)

@@ -18,7 +18,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ledgerlm.ledger.compare import compare_runs
+from ledgerlm.ledger.compare import compare_runs, final_domain_losses
+from ledgerlm.ledger.mixture import realised
 from ledgerlm.report.charts import (
     BOTTOM,
     LEFT,
@@ -302,6 +303,38 @@ def comparison_html(result: Mapping[str, Any]) -> str:
     return out
 
 
+def mixture_html(summaries: Sequence[Mapping[str, Any]]) -> str:
+    """Per run and domain: the configured weight beside the tokens consumed, their share
+    and the epochs over the domain's train tokens; and each domain's final validation
+    loss. Empty when no run counted tokens per domain."""
+    head = ("run", "domain", "weight", "consumed tokens", "share", "epochs", "final val loss")
+    rows = []
+    for i, s in enumerate(summaries):
+        finals = final_domain_losses(s)
+        for r in realised(s):
+            cells = [
+                f'<span class="swatch" style="background:{run_color(i)}"></span>'
+                f"{e(s['run']['id'])}",
+                e(r["domain"]),
+                _num(r["weight"], ".4f"),
+                _num(r["tokens"]),
+                _num(r["share"], ".4f"),
+                _num(r["exposure"], ".3g"),
+                _num(finals.get(r["domain"]), ".4f"),
+            ]
+            rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    if not rows:
+        return ""
+    return (
+        "<h2>Mixture: configured and consumed</h2>"
+        '<table class="compare"><thead><tr>'
+        + "".join(f"<th>{e(h)}</th>" for h in head)
+        + "</tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table>"
+    )
+
+
 def render_report(summaries: list[dict]) -> str:
     """The whole report page for ``summaries`` (``Ledger.run_summary`` dicts), as HTML."""
     if not summaries:
@@ -342,6 +375,7 @@ def render_report(summaries: list[dict]) -> str:
         f"{sections}"
         "<h2>Time per phase</h2>"
         f"{phase_bars(summaries)}"
+        f"{mixture_html(summaries)}"
         "<h2>Comparison</h2>"
         f"{comparison_html(result)}"
     )

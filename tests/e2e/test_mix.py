@@ -133,3 +133,20 @@ def test_report_and_data_inspect_show_the_consumed_tokens(ws, tmp_path):
     assert {d["domain"]: d["tokens"] for d in row["domains"]} == {
         d: int(s["counters"][f"tokens/{d}"]) for d in ("code", "docs", "math")
     }
+
+
+def test_a_doremi_search_reweights_at_each_evaluation(ws):
+    record = json.loads(
+        ledgerlm(
+            "mix", "search", str(TINY), "-w", str(ws), "--method", "doremi", *PROXY, "--json"
+        ).stdout
+    )
+    assert [h["step"] for h in record["history"]] == [3, 6]
+    assert record["history"][0]["weights"] == pytest.approx([1 / 3] * 3)
+    assert sum(record["recommended"].values()) == pytest.approx(1)
+    proxy = _show(ws, record["proxy_run"]["run"])
+    assert proxy["run"]["name"] == f"{record['search_id']}-proxy"
+    # the second interval sampled by the reweighted mixture: the consumed tokens of
+    # each evaluation interval are in the ledger
+    first, second = (e["consumed"] for e in proxy["evaluations"][:2])
+    assert sum(second.values()) - sum(first.values()) == 3 * 16 * 64

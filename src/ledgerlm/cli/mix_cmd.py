@@ -188,6 +188,16 @@ def search(
     model: Annotated[
         str, typer.Option("--model", help="Regression: auto, lightgbm or linear.")
     ] = "auto",
+    method: Annotated[
+        str,
+        typer.Option(
+            "--method",
+            help="regmix: trials and a regression (above); doremi: a reference proxy on the "
+            "natural mixture, then one proxy reweighted at each evaluation by exponentiated "
+            "gradient on the domains' excess loss (eta 1, smoothing 1e-3), the averaged "
+            "weights as the result (--trials, --objective and --model do not apply).",
+        ),
+    ] = "regmix",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the draws and the fit.")] = 0,
     workspace: WorkspaceOpt = DEFAULT_WS,
     set_: SetOpt = None,
@@ -206,12 +216,24 @@ def search(
     `search` phase. `ledgerlm mix verify` runs the found and the baseline mixture at
     scale.
     """
-    from ledgerlm.lab.mix_search import search_mixture
+    from ledgerlm.lab.mix_search import doremi_search, search_mixture
     from ledgerlm.workspace import Workspace
 
     if model not in ("auto", "lightgbm", "linear"):
         raise ValueError(f"--model {model!r}: use auto, lightgbm or linear")
+    if method not in ("regmix", "doremi"):
+        raise ValueError(f"--method {method!r}: use regmix or doremi")
     base = load_recipe(recipe, set_)
+    if method == "doremi":
+        with RichProgress() as progress:
+            record = doremi_search(
+                base, Workspace(workspace), proxy=list(proxy or []), progress=progress
+            )
+        if as_json:
+            console.print_json(json.dumps(record))
+        else:
+            print_doremi(record)
+        return
     with RichProgress() as progress:
         record = search_mixture(
             base,
@@ -282,6 +304,36 @@ def print_search(record: dict) -> None:
     console.print(
         f"search wall time {record['seconds']:,.1f} s over {len(record['trials'])} trials; use "
         f"it: --set data.mixture.from_search={escape(record['search_id'])}",
+        highlight=False,
+    )
+
+
+def print_doremi(record: dict) -> None:
+    from rich.table import Table
+
+    domains = record["domains"]
+    t = Table(title=f"DoReMi reweighting {escape(record['search_id'])}", show_edge=False)
+    t.add_column("step", justify="right")
+    for d in domains:
+        t.add_column(escape(d), justify="right")
+    for d in domains:
+        t.add_column(escape(f"excess {d}"), justify="right")
+    for h in record["history"]:
+        t.add_row(
+            str(h["step"]),
+            *(f"{w:.3f}" for w in h["weights"]),
+            *(f"{x:.4f}" for x in h["excess"]),
+        )
+    console.print(t)
+    console.print(
+        f"averaged weights (the result): {escape(_weights_line(record['recommended']))} "
+        f"(natural {escape(_weights_line(record['natural']))})",
+        highlight=False,
+    )
+    console.print(
+        f"reference run {escape(record['reference']['run'])}, proxy run "
+        f"{escape(record['proxy_run']['run'])}; search wall time {record['seconds']:,.1f} s; "
+        f"use it: --set data.mixture.from_search={escape(record['search_id'])}",
         highlight=False,
     )
 

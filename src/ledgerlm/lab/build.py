@@ -6,6 +6,7 @@ validation batches, and the ``Trainer`` with its callbacks.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,7 @@ def build_trainer(
     task: Any = None,
     checkpoints: tuple[Path, dict[str, Any]] | None = None,
     resumed: dict[str, Any] | None = None,
+    more: Sequence[Any] = (),
 ) -> Trainer:
     """The trainer of a run on this rank.
 
@@ -134,15 +136,17 @@ def build_trainer(
     ``task`` a progress task advanced per update; ``checkpoints`` (folder, extra JSON
     state) saves every ``train.checkpoint_every`` updates; ``resumed`` is the trainer
     state of the checkpoint resumed from. Rank 0 passes the ledger's recorder, a task
-    and checkpoints; other ranks pass none of them.
+    and checkpoints; other ranks pass none of them. ``more`` callbacks run after the
+    evaluator (they see each evaluation at its step) and before the budget check.
     """
     same_replicas(parts.model, world)
     callbacks: list[Any] = [evaluator]
     if task is not None:
         callbacks.append(ProgressCallback(task))
     if checkpoints is not None:
-        folder, extra = checkpoints
-        callbacks.append(CheckpointCallback(folder, recipe.train.checkpoint_every, extra))
+        folder, state = checkpoints
+        callbacks.append(CheckpointCallback(folder, recipe.train.checkpoint_every, state))
+    callbacks.extend(more)
     callbacks.append(BudgetCallback(recipe.eval, started_at))
     trainer = Trainer(
         parts.model,

@@ -30,9 +30,12 @@ from typing import Any
 import numpy as np
 
 from ledgerlm.config import Recipe, apply_overrides, recipe_from_dict
+from ledgerlm.ledger.mixture import plan_event
 from ledgerlm.ledger.store import Ledger
+from ledgerlm.mixture.doremi import ETA, SMOOTHING, doremi_update, excess_loss
 from ledgerlm.mixture.regress import dirichlet_around, fit_regression, recommend
 from ledgerlm.progress import NullProgress, Progress
+from ledgerlm.train.evaluate import EvalCallback
 from ledgerlm.workspace import Workspace, atomic_write_json
 
 EVENT = "mix_search"
@@ -312,3 +315,111 @@ def verify_mixture(
             k: r.summary["phase_totals"].get("search", 0.0) for k, r in results.items()
         },
     }
+
+
+class DoReMiCallback:
+    """At each evaluation of the proxy, one DoReMi update of the sampling weights from
+    the per-domain excess validation loss over the reference run at the same step; the
+    weights in force over each interval are kept (``history``) for the average."""
+
+    def __init__(self, domains: list[str], reference: dict[int, dict[str, float]]) -> None:
+        self.domains, self.reference = domains, reference
+        self.alpha = np.full(len(domains), 1.0 / len(domains))
+        self.history: list[dict[str, Any]] = []
+        self._seen = 0
+
+    def on_train_start(self, trainer: Any) -> None:
+        pass
+
+    def on_step_end(self, trainer: Any) -> None:
+        evaluator = next(cb for cb in trainer.callbacks if isinstance(cb, EvalCallback))
+        if len(evaluator.history) == self._seen:
+            return
+        self._seen = len(evaluator.history)
+        last = evaluator.history[-1]
+        ref = self.reference.get(int(last["step"]))
+        if ref is None:  # the reference was not evaluated at this step
+            return
+        proxy = np.array([last["metrics"][f"loss/{d}"] for d in self.domains])
+        excess = excess_loss(proxy, np.array([ref[f"loss/{d}"] for d in self.domains]))
+        self.history.append(
+            {"step": int(last["step"]), "weights": self.alpha.tolist(), "excess": excess.tolist()}
+        )
+        self.alpha = doremi_update(self.alpha, excess)
+        trainer.batches.reweight(self.alpha)
+
+    def on_train_end(self, trainer: Any) -> None:
+        pass
+
+    def averaged(self) -> np.ndarray:
+        """The weights averaged over the intervals (the initial uniform one included)."""
+        rows = [h["weights"] for h in self.history] + [self.alpha.tolist()]
+        mean = np.mean(np.array(rows), axis=0)
+        return mean / mean.sum()
+
+
+def doremi_search(
+    base: Recipe,
+    workspace: Workspace,
+    *,
+    proxy: list[str],
+    progress: Progress | None = None,
+    search_id: str | None = None,
+) -> dict[str, Any]:
+    """DoReMi-style search: a reference proxy run on the natural mixture, then a proxy run
+    that starts from uniform weights and, at each evaluation, reweights its sampling by
+    exponentiated gradient on the domains' excess validation loss over the reference at
+    the same step (eta = 1, smoothing 1e-3). The result is the average of the weights
+    over the intervals. Both runs are ledger runs of the search (``-ref``, ``-proxy``).
+
+    Per-domain excess loss is measured on the fixed validation set at the evaluation
+    interval, not per training batch as in the paper.
+    """
+    from ledgerlm.lab.run import run_recipe  # the runner imports torch
+
+    progress = progress or NullProgress()
+    started = time.perf_counter()
+    search_id = search_id or new_search_id(base)
+    proxied = proxy_recipe(base, proxy)
+    ref = run_recipe(_trial(proxied, f"{search_id}-ref", "natural"), workspace, progress)
+    domains = sorted(k.split("/", 1)[1] for k in ref.summary["evaluations"][-1]["metrics"]
+                     if k.startswith("loss/"))  # fmt: skip
+    reference = {int(e["step"]): e["metrics"] for e in ref.summary["evaluations"]}
+    reweighting = DoReMiCallback(domains, reference)
+    uniform = {d: 1.0 / len(domains) for d in domains}
+    trial = _trial(proxied, f"{search_id}-proxy", uniform)
+    run = run_recipe(trial, workspace, progress, callbacks=[reweighting])
+    for i, result in enumerate((ref, run)):
+        _write_event(
+            workspace,
+            result.run_id,
+            {"search_id": search_id, "index": i, "of": 2, "method": "doremi"},
+        )
+    averaged = reweighting.averaged()
+    record = {
+        "search_id": search_id,
+        "method": "doremi",
+        "base_recipe": base.name,
+        "proxy": proxy,
+        "domains": domains,
+        "natural": {d: float(w) for d, w in zip(domains, _natural(ref), strict=True)},
+        "eta": ETA,
+        "smoothing": SMOOTHING,
+        "reference": {"run": ref.run_id, "metrics": ref.summary["evaluations"][-1]["metrics"]},
+        "proxy_run": {"run": run.run_id, "metrics": run.summary["evaluations"][-1]["metrics"]},
+        "history": reweighting.history,
+        "recommended": {d: float(w) for d, w in zip(domains, averaged, strict=True)},
+        "objective": "excess loss (DoReMi)",
+        "trials": [
+            {"run": r.run_id, "seconds": float(r.summary["total_seconds"])} for r in (ref, run)
+        ],
+        "seconds": time.perf_counter() - started,
+    }
+    atomic_write_json(workspace.search_file(search_id), record)
+    return record
+
+
+def _natural(result: Any) -> list[float]:
+    """The natural shares a run planned (its recorded mixture plan)."""
+    planned = plan_event(result.summary) or {"domains": []}
+    return [d["weight"] for d in sorted(planned["domains"], key=lambda d: d["domain"])]

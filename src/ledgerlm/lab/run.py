@@ -21,7 +21,7 @@ import fcntl
 import json
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,6 +164,7 @@ def train_run(
     checkpoints: tuple[Path, dict[str, Any]],
     test: list[Batch],
     resumed: dict[str, Any] | None = None,
+    more: Sequence[Any] = (),
 ) -> Trainer:
     """Build the trainer (a ``setup`` phase), train to max_steps, the target or the
     budget; then the final checkpoint, the once-only test score, and the run's status
@@ -180,6 +181,7 @@ def train_run(
             task=task,
             checkpoints=checkpoints,
             resumed=resumed,
+            more=more,
         )
         trainer.fit()
     close_training(recorder, trainer, evaluator, checkpoints, test)
@@ -284,17 +286,21 @@ def run_recipe(
     progress: Progress | None = None,
     world: World | None = None,
     on_plan: Callable[[MixturePlan], None] | None = None,
+    callbacks: Sequence[Any] = (),
 ) -> RunResult:
     """Run ``recipe`` end to end; under ``torchrun`` pass the ``World`` on every rank.
 
     ``on_plan`` receives the mixture plan (tokens and epochs per domain) once the
-    token version is known, before the validation set and the model are built."""
+    token version is known, before the validation set and the model are built;
+    ``callbacks`` are added to the trainer's (one process only)."""
     progress = progress or NullProgress()
     world = world or World()
     if not world.is_main:
         return follow(recipe, workspace, world)
     handoff = Handoff(world)
     with handoff.guard():
+        if callbacks and world.distributed:
+            raise ValueError("extra trainer callbacks run in one process only")
         world = placed(world, recipe.train)
         check_contract(recipe, world)
         check_inputs(recipe.data)  # a missing input writes nothing, not even the ledger
@@ -368,6 +374,7 @@ def run_recipe(
                 progress=progress,
                 checkpoints=(run_dir / "checkpoint", checkpoint_extra(run_id, recipe)),
                 test=sets.test,
+                more=callbacks,
             )
             continued = None
             if shift is not None:

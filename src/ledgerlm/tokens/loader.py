@@ -275,6 +275,9 @@ class MixedStream(PackedStream):
                 if len(self._members[d]) == 0:
                     raise ValueError(f"domain id {d} has weight {w[d]:g} but no train documents")
         mix = state.get("mix")
+        self._override: np.ndarray | None = None  # weights set by reweight(), if any
+        if mix is not None and mix.get("override") is not None:
+            self._override = np.asarray(mix["override"], dtype=np.float64)
         if mix is None:
             self._epochs = [0] * k
             self._index = [0] * k
@@ -303,8 +306,21 @@ class MixedStream(PackedStream):
                 return i
         return len(self._ends) - 1
 
+    def reweight(self, weights: Sequence[float]) -> None:
+        """From the next document on, sample by ``weights`` (by domain id) instead of
+        the segments, counting shares afresh (an online reweighting such as DoReMi's).
+        The document in progress finishes first; the state keeps the new weights."""
+        w = np.asarray(weights, dtype=np.float64)
+        if w.shape != self._weights[0].shape or not np.all(w >= 0) or w.sum() <= 0:
+            raise ValueError(f"reweight: expected {len(self._weights[0])} weights >= 0")
+        for d in np.flatnonzero(w > 0):
+            if len(self._members[d]) == 0:
+                raise ValueError(f"domain id {d} has weight {w[d]:g} but no train documents")
+        self._override = w / w.sum()
+        self._assigned = np.zeros_like(self._assigned)
+
     def _choose(self) -> int:
-        w = self._weights[self._stage]
+        w = self._weights[self._stage] if self._override is None else self._override
         deficit = w * float(self._assigned.sum()) - self._assigned
         deficit[w <= 0] = -np.inf
         # lexsort: the last key is the primary one
@@ -322,7 +338,7 @@ class MixedStream(PackedStream):
             self._epochs[d], self._index[d] = self._epochs[d] + 1, 0
             self._orders[d] = self._order(d)
         stage = self._stage_at(self._total)
-        if stage != self._stage:
+        if stage != self._stage and self._override is None:
             self._stage, self._assigned = stage, np.zeros_like(self._assigned)
         self._domain = self._choose()
 
@@ -334,6 +350,7 @@ class MixedStream(PackedStream):
                 "assigned": self._assigned.tolist(),
                 "total": self._total,
                 "stage": self._stage,
+                "override": None if self._override is None else self._override.tolist(),
             },
             "offset": self._offset,
             "segment": self._segment,

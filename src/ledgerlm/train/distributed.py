@@ -225,6 +225,10 @@ class RankShard(Iterator[T]):
     def state_dict(self) -> dict[str, Any]:
         return self.stream.state_dict()  # type: ignore[attr-defined]
 
+    def reweight(self, weights: Any) -> None:
+        """Change the global stream's mixture weights (every rank does the same)."""
+        self.stream.reweight(weights)  # type: ignore[attr-defined]
+
     def consumed_by_domain(self) -> dict[str, int]:
         """Tokens of the global stream per domain: every rank's, since each rank walks it
         ({} for a stream that does not count them)."""

@@ -233,3 +233,31 @@ def test_cli_compare_two_tiny_runs(two_tiny_runs) -> None:
     table = ledgerlm("ledger", "compare", *ids, "-w", str(ws)).stdout
     for text in (*ids, "vs baseline", "seed group 0: 2 runs", NO_TEST, "rule:"):
         assert text in table
+
+
+def test_per_domain_deltas_and_per_domain_targets(ledger: Ledger) -> None:
+    from ledgerlm.ledger.compare import domain_deltas, run_figures
+
+    def run(name: str, code: float, math_: float, targets: dict | None = None) -> dict:
+        meta = {"contract": {"confirm": 1, "targets": targets or {}}}
+        rid = ledger.create_run(
+            name, recipe(), target_metric="loss", target_value=3.0, eval_every=10, meta=meta
+        )
+        phase = ledger.record_phase(rid, "eval", 1.0, step_start=10, step_end=10)
+        metrics = {"loss": 2.0, "loss/code": code, "loss/math": math_}
+        ledger.add_evaluation(
+            rid, step=10, tokens=1, targets=1, updates=10, metrics=metrics, snapshot="s",
+            phase_id=phase,
+        )  # fmt: skip
+        return ledger.run_summary(rid)
+
+    base, other = run("a", 3.0, 2.0), run("b", 2.75, 2.5)
+    rows = domain_deltas(run_figures(base), run_figures(other))
+    assert rows == [
+        {"domain": "code", "baseline": 3.0, "run": 2.75, "delta": pytest.approx(-0.25)},
+        {"domain": "math", "baseline": 2.0, "run": 2.5, "delta": pytest.approx(0.5)},
+    ]
+    result = compare_runs([base, other, run("c", 3.0, 2.0, targets={"code": 2.9})])
+    assert result["comparisons"][0]["domains"] == rows
+    assert result["comparisons"][1]["class"] == "not comparable"  # other per-domain targets
+    assert result["comparisons"][1]["reason"] == "different targets"

@@ -137,3 +137,27 @@ def test_confirmation_needs_consecutive_evaluations() -> None:
     assert not time_to_target(phases, evals, "val_loss", 3.0, confirm=5).reached
     with pytest.raises(ValueError):
         time_to_target(phases, evals, "val_loss", 3.0, confirm=0)
+
+
+def test_per_domain_targets_must_all_be_met() -> None:
+    """eval.targets: the metric and every listed domain at or below its own threshold."""
+    phases, evals = [], []
+    curve = [  # loss, loss/code, loss/math at steps 100, 200, 300
+        (2.9, 3.3, 2.3),  # average met, code not
+        (2.8, 3.05, 2.5),  # code met, math not
+        (2.7, 3.0, 2.4),  # every one met (inclusive)
+    ]
+    for i, (avg, code, math_) in enumerate(curve):
+        phases.append({"id": 2 * i + 1, "kind": "train", "seconds": 10.0})
+        phases.append({"id": 2 * i + 2, "kind": "eval", "seconds": 1.0})
+        metrics = {"loss": avg, "loss/code": code, "loss/math": math_}
+        evals.append({"step": (i + 1) * 100, "metrics": metrics, "phase_id": 2 * i + 2})
+    plain = time_to_target(phases, evals, "loss", 3.0)
+    assert plain.step == 100
+    targets = {"code": 3.1, "math": 2.4}
+    both = time_to_target(phases, evals, "loss", 3.0, targets=targets)
+    assert both.step == 300 and both.seconds == pytest.approx(33.0)
+    assert both.to_dict()["targets"] == targets
+    # a domain with no measurement never confirms
+    missing = time_to_target(phases, evals, "loss", 3.0, targets={"web": 9.0})
+    assert not missing.reached

@@ -289,11 +289,6 @@ class MixtureConfig(_Section):
                 raise ValueError(f"stages: until must increase from stage to stage, got {ends}")
         return self
 
-    @property
-    def natural(self) -> bool:
-        """Whether this is natural sampling: no weights, no stages, no search."""
-        return self.weights == "natural" and not self.stages and self.from_search is None
-
     def named_domains(self) -> set[str]:
         """Every domain the mixture names."""
         tables = [self.weights, *(s.weights for s in self.stages)]

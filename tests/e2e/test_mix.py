@@ -9,6 +9,9 @@ import shutil
 
 import pytest
 
+from ledgerlm.ledger.mixture import realised
+from ledgerlm.ledger.store import Ledger
+
 from .conftest import TINY, ledgerlm
 
 # Proxy trials: a one-layer model for a few updates (seconds each).
@@ -27,7 +30,10 @@ def ws(tiny_workspace, tmp_path_factory):
 
 
 def _show(ws, run="latest"):
-    return json.loads(ledgerlm("ledger", "show", run, "-w", str(ws), "--json").stdout)
+    """A run's summary read in process (each CLI call costs a few seconds of start-up)."""
+    with Ledger(ws / "ledger.db") as ledger:
+        summary = ledger.run_summary(ledger.resolve_run(run))
+    return {**summary, "mixture": realised(summary)}
 
 
 def test_plan_of_the_natural_mixture(ws):
@@ -47,7 +53,7 @@ def test_a_mixed_run_records_the_tokens_it_consumed_per_domain(ws):
     proc = ledgerlm("run", str(TINY), "-w", str(ws), "--set", mix, *SHORT)
     assert "mixture plan for 12,288 training tokens" in proc.stdout
     assert "mixture: configured and consumed" in proc.stdout
-    s = _show(ws)
+    s = json.loads(ledgerlm("ledger", "show", "latest", "-w", str(ws), "--json").stdout)
     rows = {r["domain"]: r for r in s["mixture"]}
     assert sum(r["tokens"] for r in rows.values()) == s["counters"]["tokens"] == 12 * 16 * 64
     for domain, weight in (("code", 0.2), ("docs", 0.3), ("math", 0.5)):
@@ -116,12 +122,11 @@ def test_verify_runs_the_found_and_the_baseline_mixture(ws, tmp_path):
 
 
 def test_report_and_data_inspect_show_the_consumed_tokens(ws, tmp_path):
-    runs = ledgerlm("ledger", "list", "-w", str(ws), "--json").stdout
-    mixed = next(
-        r["id"]
-        for r in json.loads(runs)
-        if _show(ws, r["id"])["run"]["recipe"]["data"]["mixture"]["weights"] != "natural"
-    )
+    with Ledger(ws / "ledger.db") as ledger:
+        recipes = {
+            r["id"]: ledger.run_summary(r["id"])["run"]["recipe"] for r in ledger.list_runs()
+        }
+    mixed = next(i for i, r in recipes.items() if r["data"]["mixture"]["weights"] != "natural")
     page = tmp_path / "r.html"
     ledgerlm("report", mixed, "-w", str(ws), "-o", str(page))
     html = page.read_text()

@@ -1,6 +1,6 @@
 """``ledgerlm mix fit`` end to end, as a user runs it: CSV files in, a report or JSON out,
 one-line errors for bad input. Each call starts the whole CLI (about 3 s on 2 cores), so
-the calls of a test run two at a time."""
+the calls of a test run two at a time; the error cases run the CLI's app in process."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import csv
 import json
 import math
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -29,6 +30,23 @@ def run_all(*calls: tuple[str, ...]):
     """Every call of ``ledgerlm mix fit ARGS``, two at a time, in the given order."""
     with ThreadPoolExecutor(max_workers=2) as pool:
         return list(pool.map(lambda args: ledgerlm("mix", "fit", *args, check=False), calls))
+
+
+def in_process(*calls: tuple[str, ...]):
+    """``ledgerlm mix fit ARGS`` through the CLI's own app in this process (no start-up)."""
+    from typer.testing import CliRunner
+
+    from ledgerlm.cli.main import app
+
+    out = []
+    for args in calls:
+        result = CliRunner().invoke(app, ["mix", "fit", *args])
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            raise result.exception  # what would have been a traceback
+        out.append(
+            SimpleNamespace(returncode=result.exit_code, stdout=result.stdout, stderr=result.stderr)
+        )
+    return out
 
 
 def test_reports_fits_and_predictions_as_text_and_json(tmp_path):
@@ -119,7 +137,7 @@ def test_bad_input_is_one_error_line_naming_the_file_and_line(tmp_path):
     write_csv(partial, ["web", "other"], [[0.5, 0.5]])
     missing = tmp_path / "missing.csv"
 
-    procs = run_all(
+    procs = in_process(
         ("--csv", str(missing), "--target", "loss"),
         ("--csv", str(good), "--target", "val_loss"),
         ("--csv", str(bad), "--target", "loss"),

@@ -63,7 +63,9 @@ def test_the_worst_domain_objective_protects_every_domain():
     base = trials[0].metrics
 
     def worst(objective: str) -> float:
-        record = fit_search(trials, DOMAINS, objective=objective, concentration=3.0)
+        record = fit_search(
+            trials, DOMAINS, objective=objective, concentration=3.0, candidates=20_000
+        )
         rec = np.array([record["recommended"][d] for d in DOMAINS])
         return max(_losses(rec)[f"loss/{d}"] / base[f"loss/{d}"] for d in DOMAINS)
 

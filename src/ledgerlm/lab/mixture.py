@@ -51,7 +51,9 @@ def plan_recipe(
     recipe: Recipe, workspace: Workspace, progress: Progress | None = None, ranks: int = 1
 ) -> MixturePlan:
     """The plan of a recipe's mixture: its data and token versions are built (or reused)
-    first, since the pools S_i are the train split's tokens per domain."""
+    first, since the pools S_i are the train split's tokens per domain. A mixture
+    taken from a search (``from_search``) is planned with the search's weights."""
+    recipe, _ = use_search(recipe, workspace)
     data = prepare_data(recipe.data, workspace, progress)
     tokens = build_tokens(data, recipe.tokenizer, workspace, progress)
     return plan(recipe, TokenStore(tokens.path), ranks)

@@ -7,11 +7,13 @@ default. A run stores the fully resolved recipe (``Recipe.model_dump``).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import itertools
 import json
 import re
 import tomllib
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -598,6 +600,30 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return out
 
 
+def _keys_at(loc: list[Any]) -> list[str]:
+    """The keys a recipe section at ``loc`` may hold (for "did you mean")."""
+    model: Any = Recipe
+    for part in loc:
+        if isinstance(part, int):
+            continue  # an item of a list of tables: the same model
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        model = _model_in(field.annotation)
+    return list(getattr(model, "model_fields", {}))
+
+
+def _model_in(annotation: Any) -> Any:
+    """The section model inside an annotation (list[X], X | None, Annotated unions)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):  # Annotated[X, ...] gives X first
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
 def _describe(err: ValidationError, origin: str) -> str:
     first = err.errors()[0]
     loc = first["loc"]
@@ -610,7 +636,9 @@ def _describe(err: ValidationError, origin: str) -> str:
     ]
     where = ".".join(str(p) for p in loc) or "(recipe)"
     if first["type"] == "extra_forbidden":
-        return f"{origin}: unknown key '{where}'"
+        close = difflib.get_close_matches(str(loc[-1]), _keys_at(loc[:-1]), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        return f"{origin}: unknown key '{where}'{hint}"
     if first["type"] == "finite_number":
         return f"{origin}: {where}: must be a finite number, got {first['input']!r}"
     msg = first["msg"].removeprefix("Value error, ")

@@ -141,10 +141,17 @@ def test_run_ids_and_resolve_run(ledger: Ledger) -> None:
     assert ledger.resolve_run(beta1) == beta1
     assert ledger.resolve_run("latest") == beta2
     assert ledger.resolve_run("alp") == alpha
+    assert ledger.resolve_run(beta1[-9:]) == beta1  # any unique part: the time and hex
+    assert ledger.resolve_run("pha") == alpha
     with pytest.raises(LedgerError, match=r"'beta' matches 2 runs: "):
         ledger.resolve_run("beta")
-    with pytest.raises(LedgerError, match=r"no run matches 'zzz'"):
+    with pytest.raises(LedgerError, match=r"'eta' matches 2 runs: "):
+        ledger.resolve_run("eta")
+    with pytest.raises(LedgerError, match=r"no run matches 'zzz'$"):
         ledger.resolve_run("zzz")
+    typo = alpha.replace("alpha", "alhpa")
+    with pytest.raises(LedgerError, match=rf"no run matches .{typo}.; did you mean {alpha}, "):
+        ledger.resolve_run(typo)
 
 
 def test_resolve_latest_on_empty_ledger(ledger: Ledger) -> None:

@@ -8,8 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ledgerlm.cli.ui import JsonOpt, SetOpt, console, friendly_errors
-from ledgerlm.config import load_recipe, recipe_to_toml
+from ledgerlm.cli.ui import JsonOpt, SetOpt, console, friendly_errors, load_recipe
 
 app = typer.Typer(help="Inspect recipes.", no_args_is_help=True)
 
@@ -26,4 +25,6 @@ def show(
     if as_json:
         console.print_json(json.dumps(resolved.to_dict()))
     else:
+        from ledgerlm.config import recipe_to_toml
+
         console.print(recipe_to_toml(resolved), highlight=False, markup=False)

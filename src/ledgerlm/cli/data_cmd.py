@@ -19,9 +19,8 @@ from ledgerlm.cli.ui import (
     WorkspaceOpt,
     console,
     friendly_errors,
+    load_recipe,
 )
-from ledgerlm.config import load_recipe
-from ledgerlm.data.pipeline import prepare_data
 from ledgerlm.ledger.mixture import realised
 from ledgerlm.ledger.store import Ledger
 from ledgerlm.workspace import Workspace
@@ -55,6 +54,8 @@ def prepare(
     """
     extra = [f"data.executor={json.dumps(executor)}"] if executor else []
     extra += [f"data.workers={workers}"] if workers is not None else []
+    from ledgerlm.data.pipeline import prepare_data
+
     cfg = load_recipe(recipe, [*(set_ or []), *extra]).data
     with RichProgress() as progress:
         result = prepare_data(cfg, Workspace(workspace), progress)

@@ -63,7 +63,7 @@ def list_runs(workspace: WorkspaceOpt = DEFAULT_WS, as_json: JsonOpt = False) ->
 @app.command("show")
 @friendly_errors
 def show(
-    run: Annotated[str, typer.Argument(help="Run id, a unique prefix, or 'latest'.")] = "latest",
+    run: Annotated[str, typer.Argument(help="Run: its id, a unique part, or 'latest'.")] = "latest",
     workspace: WorkspaceOpt = DEFAULT_WS,
     as_json: JsonOpt = False,
 ) -> None:
@@ -103,7 +103,7 @@ def show(
 def compare(
     runs: Annotated[
         list[str],
-        typer.Argument(help="Runs (ids, unique prefixes, 'latest'); the first is the baseline."),
+        typer.Argument(help="Runs (ids, unique parts, 'latest'); the first is the baseline."),
     ],
     workspace: WorkspaceOpt = DEFAULT_WS,
     as_json: JsonOpt = False,
@@ -190,7 +190,7 @@ def compare(
 @app.command("export-mllog")
 @friendly_errors
 def export_mllog_cmd(
-    run: Annotated[str, typer.Argument(help="Run id, a unique prefix, or 'latest'.")] = "latest",
+    run: Annotated[str, typer.Argument(help="Run: its id, a unique part, or 'latest'.")] = "latest",
     output: Annotated[
         str | None,
         typer.Option("--output", "-o", help="File to write (default: runs/<run-id>/mllog.txt)."),

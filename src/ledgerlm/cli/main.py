@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -31,13 +31,24 @@ from ledgerlm.cli.render import (
     target_line,
     test_line,
 )
-from ledgerlm.cli.ui import DEFAULT_WS, RichProgress, SetOpt, WorkspaceOpt, console, friendly_errors
-from ledgerlm.config import load_recipe
-from ledgerlm.lab.resume import resume_run
-from ledgerlm.lab.run import RunResult, run_recipe
+from ledgerlm.cli.ui import (
+    DEFAULT_WS,
+    RichProgress,
+    SetOpt,
+    WorkspaceOpt,
+    console,
+    friendly_errors,
+    load_recipe,
+)
 from ledgerlm.ledger.mixture import realised
-from ledgerlm.train.distributed import distributed_world
 from ledgerlm.workspace import Workspace
+
+if TYPE_CHECKING:
+    from ledgerlm.lab.run import RunResult
+
+# The commands import the lab (and with it torch) when they run, not when the CLI loads:
+# `ledgerlm --help` and the commands that only read the ledger start in a fraction of
+# a second.
 
 app = typer.Typer(
     name="ledgerlm",
@@ -47,6 +58,29 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from ledgerlm import __version__
+
+        console.print(f"ledgerlm {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """A pretraining lab that keeps an honest ledger: tokens, updates and the wall time of
+    every phase until a quality target is confirmed on a fixed validation set."""
+
+
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(data_cmd.app, name="data")
 app.add_typer(ledger_cmd.app, name="ledger")
@@ -81,6 +115,9 @@ def _print_result(result: RunResult) -> None:
 
 
 def _run(recipe_path: Path, workspace: Path, overrides: list[str] | None) -> None:
+    from ledgerlm.lab.run import run_recipe
+    from ledgerlm.train.distributed import distributed_world
+
     recipe = load_recipe(recipe_path, overrides)
     with distributed_world() as world:
         if not world.is_main:  # under torchrun rank 0 reports; the others train quietly
@@ -142,7 +179,7 @@ def train(
 @friendly_errors
 def resume(
     run: Annotated[
-        str, typer.Argument(help="Run to continue: its id, a unique prefix, or latest.")
+        str, typer.Argument(help="Run to continue: its id, a unique part of one, or latest.")
     ],
     workspace: WorkspaceOpt = DEFAULT_WS,
     restart: Annotated[
@@ -165,6 +202,9 @@ def resume(
 
     On the same machine the final weights are bitwise those of an uninterrupted run.
     """
+    from ledgerlm.lab.resume import resume_run
+    from ledgerlm.train.distributed import distributed_world
+
     with distributed_world() as world:
         if not world.is_main:
             resume_run(Workspace(workspace), run, world=world, restart=restart)

@@ -22,8 +22,8 @@ from ledgerlm.cli.ui import (
     console,
     err_console,
     friendly_errors,
+    load_recipe,
 )
-from ledgerlm.config import load_recipe
 
 app = typer.Typer(
     help="Data mixtures: how much of each domain a run sees. Plan the tokens and epochs "

@@ -9,7 +9,6 @@ import typer
 
 from ledgerlm.cli.ui import DEFAULT_WS, WorkspaceOpt, console, friendly_errors
 from ledgerlm.ledger.store import Ledger
-from ledgerlm.report.run_report import render_report
 from ledgerlm.workspace import Workspace
 
 
@@ -17,7 +16,7 @@ from ledgerlm.workspace import Workspace
 def report(
     runs: Annotated[
         list[str],
-        typer.Argument(help="Runs (ids, unique prefixes, 'latest'); the first is the baseline."),
+        typer.Argument(help="Runs (ids, unique parts, 'latest'); the first is the baseline."),
     ],
     output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write.")] = Path(
         "report.html"
@@ -28,6 +27,8 @@ def report(
     target and each run's confirming evaluation, phase times per run, and the comparison
     of `ledgerlm ledger compare`. One file, inline SVG, no scripts or external resources.
     """
+    from ledgerlm.report.run_report import render_report
+
     path = Workspace(workspace).ledger_path
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no ledger here (run something first)")

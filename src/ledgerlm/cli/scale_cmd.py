@@ -20,8 +20,8 @@ from ledgerlm.cli.ui import (
     WorkspaceOpt,
     console,
     friendly_errors,
+    load_recipe,
 )
-from ledgerlm.config import load_recipe
 
 app = typer.Typer(
     help="Scaling sweeps: plan and run a grid of model sizes N x token budgets D on one "
@@ -69,7 +69,7 @@ SweepOpt = Annotated[
 ]
 RunsOpt = Annotated[
     str | None,
-    typer.Option("--runs", help="Runs, comma-separated (ids or unique prefixes)."),
+    typer.Option("--runs", help="Runs, comma-separated (ids or unique parts of ids)."),
 ]
 CsvOpt = Annotated[
     Path | None,

@@ -22,8 +22,6 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from ledgerlm.config import RecipeError
-from ledgerlm.data.pipeline import DataError
 from ledgerlm.ledger.store import LedgerError
 from ledgerlm.workspace import DEFAULT_WORKSPACE
 
@@ -49,14 +47,20 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JS
 # Faults a user can cause or meet (bad input, a full disk, a read-only folder, a diverged
 # loss) end in one line; LEDGERLM_TRACEBACK=1 shows the traceback instead.
 USER_ERRORS = (
-    RecipeError,
-    DataError,
     LedgerError,
     OSError,
-    ValueError,
+    ValueError,  # config.RecipeError and data.pipeline.DataError among them
     sqlite3.Error,
     FloatingPointError,  # train.loop.NonFiniteLossError: a loss that diverged
 )
+
+
+def load_recipe(path: Path, overrides: list[str] | None = None) -> Any:
+    """``ledgerlm.config.load_recipe``, imported when a command loads a recipe: building
+    the recipe models is most of what the CLI would otherwise spend starting up."""
+    from ledgerlm.config import load_recipe as load
+
+    return load(path, overrides)
 
 
 def error_line(exc: BaseException) -> str:

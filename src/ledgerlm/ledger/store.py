@@ -13,6 +13,7 @@ between the last heartbeat and the kill is unknown and is not charged (a lower b
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import secrets
@@ -269,7 +270,9 @@ class Ledger:
         return [dict(row) for row in rows]
 
     def resolve_run(self, ref: str) -> str:
-        """Turn what a user typed (an id, ``latest`` or an id prefix) into one run id."""
+        """Turn what a user typed into one run id: an id, ``latest``, or a part of one id
+        (a unique prefix first, else a unique substring). No match names the closest
+        ids; several name the matches, newest first."""
         runs = [row["id"] for row in self.list_runs()]
         if ref in runs:
             return ref
@@ -278,10 +281,14 @@ class Ledger:
                 raise LedgerError("no runs in the ledger yet")
             return runs[0]
         matches = [run_id for run_id in runs if ref and run_id.startswith(ref)]
+        if not matches:
+            matches = [run_id for run_id in runs if ref and ref in run_id]
         if len(matches) == 1:
             return matches[0]
         if not matches:
-            raise LedgerError(f"no run matches {ref!r}")
+            close = difflib.get_close_matches(ref, runs, n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise LedgerError(f"no run matches {ref!r}{hint}")
         shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
         raise LedgerError(f"{ref!r} matches {len(matches)} runs: {shown}")
 

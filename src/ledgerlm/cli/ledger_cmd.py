@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import sys
 import time
 from typing import Annotated
 
@@ -96,6 +99,52 @@ def show(
     if line := test_line(summary):
         console.print(escape(line))
     console.print(escape(target_line(summary)))
+
+
+@app.command("steps")
+@friendly_errors
+def steps(
+    run: Annotated[str, typer.Argument(help="Run: its id, a unique part, or 'latest'.")] = "latest",
+    workspace: WorkspaceOpt = DEFAULT_WS,
+    as_json: JsonOpt = False,
+    as_csv: Annotated[
+        bool, typer.Option("--csv", help="Print CSV (a header, a row per update).")
+    ] = False,
+) -> None:
+    """The per-update series of one run: tokens, targets, loss, grad norm, learning rate,
+    seconds and tokens per second of every optimizer update."""
+    with _open(workspace) as ledger:
+        run_id = ledger.resolve_run(run)
+        rows = ledger.steps(run_id)
+    for r in rows:
+        s = r["seconds"]
+        r["tokens_per_second"] = r["tokens"] / s if s else None
+    if as_json:
+        console.print_json(json.dumps({"run": run_id, "steps": rows}))
+        return
+    cols = ("step", "tokens", "targets", "loss", "grad_norm", "lr", "seconds", "tokens_per_second")
+    if as_csv:
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(cols)
+        writer.writerows([["" if r[c] is None else r[c] for c in cols] for r in rows])
+        sys.stdout.write(out.getvalue())
+        return
+    t = Table(title=f"updates of {escape(run_id)}", show_edge=False)
+    for col in cols:
+        t.add_column(col.replace("_", " "), justify="right")
+    for r in rows:
+        t.add_row(
+            str(r["step"]),
+            f"{r['tokens']:,}",
+            f"{r['targets']:,}",
+            f"{r['loss']:.4f}",
+            f"{r['grad_norm']:.3f}",
+            f"{r['lr']:.2e}",
+            "-" if r["seconds"] is None else f"{r['seconds']:.3f}",
+            "-" if r["tokens_per_second"] is None else f"{r['tokens_per_second']:,.0f}",
+        )
+    console.print(t)
 
 
 @app.command("compare")

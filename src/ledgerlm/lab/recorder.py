@@ -22,7 +22,8 @@ class LedgerRecorder(Recorder):
     """Writes what the trainer reports into ``ledger`` for ``run_id``.
 
     Every optimizer update becomes a ``steps`` row (tokens and targets of that update,
-    loss, grad norm, lr), buffered and written once per ``flush_every`` updates. Each
+    loss, grad norm, lr, and its seconds: since the previous update ended, evaluations
+    and checkpoints apart), buffered and written once per ``flush_every`` updates. Each
     write is also the heartbeat of the open phase (``Ledger.beat``), so a process
     killed mid-segment leaves the last time it was known alive. The buffer is therefore
     also written at the first update of each newly opened phase and whenever
@@ -42,6 +43,7 @@ class LedgerRecorder(Recorder):
         self._last = (0, 0, 0)  # step, tokens, targets at the previous row
         self._flushed_at = time.monotonic()
         self._beaten: int | None = None  # id of the phase the last write beat
+        self._step_began = time.perf_counter()  # when the update being made began
 
     # -- phases -------------------------------------------------------------------------
 
@@ -59,6 +61,7 @@ class LedgerRecorder(Recorder):
     def interrupt(self, kind: str, step: int | None = None, **detail: Any) -> Iterator[OpenPhase]:
         with self.clock.interrupt(kind, step, **detail) as phase:
             yield phase
+        self._step_began = time.perf_counter()  # an update's time holds no evaluation
 
     # -- per-update rows and heartbeats -------------------------------------------------
 
@@ -66,12 +69,15 @@ class LedgerRecorder(Recorder):
         s = trainer.state
         self._last = (s.step, s.tokens, s.targets)
         self._flushed_at = time.monotonic()
+        self._step_began = time.perf_counter()
 
     def on_step_end(self, trainer: Any) -> None:
         s = trainer.state
         step, tokens, targets = self._last
         if s.step == step:  # no update happened (a skipped step)
             return
+        now = time.perf_counter()
+        seconds, self._step_began = now - self._step_began, now
         self.rows.append(
             {
                 "step": s.step,
@@ -80,6 +86,7 @@ class LedgerRecorder(Recorder):
                 "loss": s.loss,
                 "grad_norm": s.grad_norm,
                 "lr": s.lr,
+                "seconds": seconds,  # since the previous update ended (evaluations apart)
             }
         )
         self._last = (s.step, s.tokens, s.targets)

@@ -31,8 +31,9 @@ from ledgerlm.ledger.coverage import phase_coverage
 from ledgerlm.ledger.target import time_to_target
 
 # 1: the first schema. 2: phases.beat_at (heartbeat of an open phase). 3:
-# evaluations.consumed_json (training tokens consumed per domain at the evaluation).
-SCHEMA_VERSION = 3
+# evaluations.consumed_json (training tokens consumed per domain at the evaluation). 4:
+# steps.seconds (wall time of the update).
+SCHEMA_VERSION = 4
 RUN_STATUSES = ("running", "reached", "not reached", "failed")
 
 _META = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)"
@@ -74,6 +75,7 @@ CREATE INDEX IF NOT EXISTS events_run ON events(run_id, id);
 _ADDED_COLUMNS = (
     ("phases", "beat_at", "REAL NULL"),
     ("evaluations", "consumed_json", "TEXT NULL"),
+    ("steps", "seconds", "REAL NULL"),
 )
 
 
@@ -458,7 +460,8 @@ class Ledger:
             )
 
     def add_steps(self, run_id: str, rows: list[dict[str, float]]) -> None:
-        """Per-update records (tokens and targets of that update, loss, grad norm, lr).
+        """Per-update records (tokens and targets of that update, loss, grad norm, lr, and
+        the update's wall time in ``seconds`` when known).
 
         Callers buffer rows and write them in one transaction per evaluation interval,
         so recording every update costs one commit per interval, not per step.
@@ -468,8 +471,8 @@ class Ledger:
         self._require_run(run_id)
         with self._write() as conn:
             conn.executemany(
-                "INSERT OR REPLACE INTO steps(run_id, step, tokens, targets, loss, grad_norm, lr)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO steps(run_id, step, tokens, targets, loss, grad_norm, lr,"
+                " seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         run_id,
@@ -479,6 +482,7 @@ class Ledger:
                         float(r["loss"]),
                         float(r["grad_norm"]),
                         float(r["lr"]),
+                        None if r.get("seconds") is None else float(r["seconds"]),
                     )
                     for r in rows
                 ],
@@ -488,7 +492,7 @@ class Ledger:
         return [
             dict(r)
             for r in self._conn.execute(
-                "SELECT step, tokens, targets, loss, grad_norm, lr FROM steps"
+                "SELECT step, tokens, targets, loss, grad_norm, lr, seconds FROM steps"
                 " WHERE run_id = ? ORDER BY step",
                 (run_id,),
             )

@@ -500,6 +500,12 @@ class EvalConfig(_Section):
         description="loss (nat/token over all domains) or loss/<domain>.",
     )
     target_loss: float = Field(4.0, gt=0, description="Validation loss (nat/token) to confirm.")
+    target_bpb: float | None = Field(
+        None,
+        gt=0,
+        description="The target in bits per UTF-8 byte instead of target_loss (comparable "
+        "across tokenizers): metric loss becomes bpb, loss/<domain> becomes bpb/<domain>.",
+    )
     targets: dict[str, Annotated[float, Field(gt=0)]] = Field(
         default_factory=dict,
         description="Per-domain thresholds, e.g. {code = 3.1, math = 2.4}: an evaluation "
@@ -525,12 +531,20 @@ class EvalConfig(_Section):
         "training continues; the result is bound to the snapshot's step and hash.",
     )
 
+    def target(self) -> tuple[str, float, str]:
+        """(metric, threshold, unit) of the target: the loss in nat/token, or with
+        ``target_bpb`` the same measure in bits per byte."""
+        if self.target_bpb is None:
+            return self.metric, self.target_loss, "nat/token"
+        return "bpb" + self.metric.removeprefix("loss"), self.target_bpb, "bit/byte"
+
     def contract(self) -> dict[str, Any]:
         """What the ledger stores as the run's target contract."""
+        metric, threshold, unit = self.target()
         return {
-            "metric": self.metric,
-            "unit": "nat/token",
-            "threshold": self.target_loss,
+            "metric": metric,
+            "unit": unit,
+            "threshold": threshold,
             "targets": dict(self.targets),
             "confirm": self.confirm,
             "every_steps": None if self.every_tokens else self.every_steps,

@@ -129,7 +129,16 @@ def counters_table(summary: dict[str, Any]) -> Table:
 
 def evaluations_table(summary: dict[str, Any], limit: int | None = None) -> Table:
     evals = summary["evaluations"]
-    names = sorted({k for e in evals for k in e["metrics"]}, key=lambda k: (k != "loss", k))
+    found = {k for e in evals for k in e["metrics"]}
+    # the loss overall and per domain, and bits per byte overall (per domain and nats
+    # per character are in --json): what fits a terminal
+    names = sorted(
+        (k for k in found if k == "loss" or k.startswith("loss/") or k == "bpb"),
+        key=lambda k: (k != "loss", k == "bpb", k),
+    )
+    target = summary["run"]["target_metric"]
+    if target in found and target not in names:
+        names.append(target)
     t = Table(title="evaluations", show_edge=False)
     for col in ("step", "tokens", "snapshot", *names):
         t.add_column(escape(col), justify="right" if col != "snapshot" else "left")
@@ -150,7 +159,8 @@ def evaluations_table(summary: dict[str, Any], limit: int | None = None) -> Tabl
 def target_contract_line(summary: dict[str, Any]) -> str:
     c = contract(summary) or {}
     run = summary["run"]
-    line = f"target: val {run['target_metric']} <= {run['target_value']:.3f} nat/token"
+    unit = c.get("unit", "nat/token")
+    line = f"target: val {run['target_metric']} <= {run['target_value']:.3f} {unit}"
     if c.get("targets"):
         line += ", and " + ", ".join(f"loss/{d} <= {t:.3f}" for d, t in c["targets"].items())
     if c.get("confirm", 1) > 1:

@@ -133,6 +133,7 @@ def resume_run(
                     recipe.eval,
                     recipe.pack.attention,
                     store.domains,
+                    store.text,
                     earlier=_earlier(before),
                     step=step,
                 )

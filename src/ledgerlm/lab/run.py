@@ -222,7 +222,9 @@ def _test_once(
     recorder.start("eval", step, what="test set, once")
     world = trainer.world if trainer.world.sharded else None  # a sharded model: every rank
     with trainer.autocast():
-        metrics = evaluate(trainer.model, test, evaluator.attention, evaluator.domains, world)
+        metrics = evaluate(
+            trainer.model, test, evaluator.attention, evaluator.domains, world, evaluator.text
+        )
     record = {
         "step": step,
         "snapshot": weights_digest(trainer.model),
@@ -316,8 +318,8 @@ def run_recipe(
     run_id = ledger.create_run(
         recipe.name,
         recipe.to_dict(),
-        target_metric=recipe.eval.metric,
-        target_value=recipe.eval.target_loss,
+        target_metric=recipe.eval.target()[0],
+        target_value=recipe.eval.target()[1],
         eval_every=recipe.eval.every_steps,
         meta={"contract": recipe.eval.contract()},
     )
@@ -357,7 +359,9 @@ def run_recipe(
 
             recorder.start("setup", what="model, optimizer, data stream")
             parts, _ = build_parts(recipe, store, world)
-            evaluator = EvalCallback(sets.val, recipe.eval, recipe.pack.attention, store.domains)
+            evaluator = EvalCallback(
+                sets.val, recipe.eval, recipe.pack.attention, store.domains, store.text
+            )
             shift = None
             if init is not None:
                 recorder.start("restore", what=f"initial weights of {init.run_id}")
@@ -418,7 +422,7 @@ def follow(recipe: Recipe | None, workspace: Workspace, world: World) -> RunResu
         load_checkpoint(init.checkpoint, parts.model)
         shift = BeforeAfter(init, workspace, recipe)
         shift.score(Recorder(), "before", parts.model, val, store.domains, world)
-    args = (val, recipe.eval, recipe.pack.attention, store.domains)
+    args = (val, recipe.eval, recipe.pack.attention, store.domains, store.text)
     evaluator = (
         ResumedEval(*args, earlier=sent["earlier"], step=saved["step"] if saved else 0)
         if again

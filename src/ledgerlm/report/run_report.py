@@ -349,6 +349,9 @@ def render_report(summaries: list[dict]) -> str:
             else "target NOT reached"
         )
         threshold = f"{r['target_value']:g}"
+        last = s["evaluations"][-1]["metrics"] if s["evaluations"] else {}
+        if last.get("bpb") is not None:  # comparable across tokenizers
+            verdict += f"; final validation {last['bpb']:.4f} bits per byte"
         runs.append(
             f'<li><span class="swatch" style="background:{run_color(i)}"></span>'
             f"<b>{e(r['id'])}</b> (recipe {e(r.get('name'))}, status {e(r.get('status'))}): "

@@ -9,6 +9,7 @@ boundaries, so one token version serves any packing recipe.
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,13 @@ import pyarrow.parquet as pq
 from ledgerlm.config import TokenizerConfig
 from ledgerlm.data.pipeline import SPLITS, iter_split
 from ledgerlm.progress import NullProgress, Progress
-from ledgerlm.tokens.tokenizer import load_tokenizer, special_ids, train_tokenizer
+from ledgerlm.tokens.tokenizer import (
+    TokenText,
+    load_tokenizer,
+    special_ids,
+    token_text,
+    train_tokenizer,
+)
 from ledgerlm.workspace import (
     BUILD_INFO,
     MANIFEST,
@@ -199,6 +206,11 @@ class TokenStore:
         }
         self.index = pq.read_table(self.path / "index.parquet")
         self.domains = sorted(set(self.index.column("domain").to_pylist()))
+
+    @functools.cached_property
+    def text(self) -> TokenText:
+        """UTF-8 bytes and characters per token id (for bits per byte)."""
+        return token_text(self.tokenizer)
 
     def split_docs(self, split: str) -> dict[str, np.ndarray]:
         """Columns of the index for one split, as arrays (order = data order); empty

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import math
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,6 +21,7 @@ import torch
 from ledgerlm.config import EvalConfig
 from ledgerlm.ledger.target import meets
 from ledgerlm.tokens.packing import Batch
+from ledgerlm.tokens.tokenizer import TokenText
 from ledgerlm.train.distributed import World
 from ledgerlm.train.loss import per_target_loss
 from ledgerlm.train.record import Section
@@ -67,15 +69,23 @@ class Scoring:
         attention: str,
         domains: Sequence[str],
         world: World | None = None,
+        text: TokenText | None = None,
     ) -> None:
         self.model, self.val, self.attention, self.domains = model, val, attention, domains
         self.world = world or World()
+        # UTF-8 bytes and characters per token id: with them, bits per byte and nats per
+        # character, which compare across tokenizers
+        self.text = None
+        if text is not None:
+            self.text = torch.from_numpy(np.stack([text.bytes, text.chars])).to(torch.float64)
         self.device = next(model.parameters()).device  # batches go where the weights are
         self.mine = val[self.world.rank :: self.world.size]
         self.rounds = -(-len(val) // self.world.size) if self.world.sharded else len(self.mine)
         self.done = 0
         self.total = torch.zeros(len(domains), dtype=torch.float64, device=self.device)
         self.count = torch.zeros(len(domains), dtype=torch.float64, device=self.device)
+        self.bytes = torch.zeros(len(domains), dtype=torch.float64, device=self.device)
+        self.chars = torch.zeros(len(domains), dtype=torch.float64, device=self.device)
 
     @torch.no_grad()
     def advance(self, rounds: int | None = None) -> bool:
@@ -95,21 +105,32 @@ class Scoring:
             dom = b.target_domains[b.loss_mask]
             self.total.index_add_(0, dom, losses)
             self.count.index_add_(0, dom, torch.ones_like(losses))
+            if self.text is not None:
+                sizes = self.text[:, b.targets[b.loss_mask].cpu()].to(self.device)
+                self.bytes.index_add_(0, dom, sizes[0])
+                self.chars.index_add_(0, dom, sizes[1])
         self.done = end
         return self.done == self.rounds
 
     def metrics(self) -> dict[str, float]:
-        """Token-mean loss (nat/token) overall and per domain, summed over the ranks."""
-        total, count = self.total.cpu(), self.count.cpu()
-        n = len(self.domains)
+        """Token-mean loss (nat/token) overall and per domain, summed over the ranks; with
+        the token text, bits per UTF-8 byte (``bpb``, overall and per domain) and nats
+        per character (``nats_per_char``) of the same targets."""
+        sums = torch.stack([self.total, self.count, self.bytes, self.chars]).cpu()
         if self.world.distributed:
-            summed = self.world.all_reduce(torch.cat([total, count]).tolist(), torch.float64)
-            sums = torch.tensor(summed, dtype=torch.float64)
-            total, count = sums[:n], sums[n:]
+            summed = self.world.all_reduce(sums.flatten().tolist(), torch.float64)
+            sums = torch.tensor(summed, dtype=torch.float64).reshape(sums.shape)
+        total, count, n_bytes, n_chars = sums
         metrics = {"loss": float(total.sum() / count.sum())}
         for i, name in enumerate(self.domains):
             if count[i] > 0:
                 metrics[f"loss/{name}"] = float(total[i] / count[i])
+        if self.text is not None and n_bytes.sum() > 0:
+            metrics["bpb"] = float(total.sum() / n_bytes.sum()) / math.log(2)
+            metrics["nats_per_char"] = float(total.sum() / n_chars.sum())
+            for i, name in enumerate(self.domains):
+                if n_bytes[i] > 0:
+                    metrics[f"bpb/{name}"] = float(total[i] / n_bytes[i]) / math.log(2)
         return metrics
 
 
@@ -119,10 +140,12 @@ def evaluate(
     attention: str,
     domains: Sequence[str],
     world: World | None = None,
+    text: TokenText | None = None,
 ) -> dict[str, float]:
-    """Token-mean loss (nat/token) overall and per domain of the target's document
-    (every rank under ``torchrun``; see ``Scoring``)."""
-    scoring = Scoring(model, val, attention, domains, world)
+    """Token-mean loss (nat/token) overall and per domain of the target's document, and
+    with ``text`` bits per byte and nats per character (every rank under ``torchrun``;
+    see ``Scoring``)."""
+    scoring = Scoring(model, val, attention, domains, world, text)
     scoring.advance()
     return scoring.metrics()
 
@@ -156,7 +179,8 @@ class EvalCallback:
 
     The interval is ``every_steps`` updates, or each time ``every_tokens`` more training
     tokens were consumed. The target is confirmed at the evaluation that completes
-    ``confirm`` consecutive evaluations at or below it (on ``cfg.metric``).
+    ``confirm`` consecutive evaluations at or below it (on ``cfg.target()``: the
+    metric in nat/token, or in bits per byte with ``target_bpb``).
 
     With ``asynchronous``, an evaluation scores a copy of the weights in a background
     thread while training goes on, and its result is bound to that copy's step and
@@ -178,6 +202,7 @@ class EvalCallback:
     cfg: EvalConfig
     attention: str
     domains: list[str]
+    text: TokenText | None = None  # with it, evaluations also give bits per byte
     history: list[dict[str, Any]] = field(default_factory=list)
     reached_step: int | None = None
     _streak: int = 0
@@ -212,7 +237,7 @@ class EvalCallback:
 
     def score(self, trainer) -> dict[str, float]:
         world = getattr(trainer, "world", None)
-        return evaluate(trainer.model, self.val, self.attention, self.domains, world)
+        return evaluate(trainer.model, self.val, self.attention, self.domains, world, self.text)
 
     def _base(self, trainer) -> dict[str, Any]:
         s = trainer.state
@@ -243,7 +268,9 @@ class EvalCallback:
         if trainer.world.distributed:
             base = {**self._base(trainer), "snapshot": weights_digest(trainer.model)}
             weights = [_local(p).clone() for p in trainer.model.parameters()]
-            scoring = Scoring(trainer.model, self.val, self.attention, self.domains, trainer.world)
+            scoring = Scoring(
+                trainer.model, self.val, self.attention, self.domains, trainer.world, self.text
+            )
             self._pieces = (scoring, weights, base)
             return
         snapshot_model = copy.deepcopy(trainer.model)
@@ -256,7 +283,9 @@ class EvalCallback:
         def work() -> tuple[dict[str, float], float, float]:
             wall, cpu = time.perf_counter(), time.thread_time()
             with autocast():  # autocast state is per thread
-                metrics = evaluate(snapshot_model, self.val, self.attention, self.domains)
+                metrics = evaluate(
+                    snapshot_model, self.val, self.attention, self.domains, text=self.text
+                )
             return metrics, time.perf_counter() - wall, time.thread_time() - cpu
 
         if self._pool is None:
@@ -304,7 +333,8 @@ class EvalCallback:
     def observe(self, record: dict[str, Any], trainer) -> None:
         """Apply the confirmation rule to the next evaluation in step order."""
         cfg = self.cfg
-        ok = meets(record["metrics"], cfg.metric, cfg.target_loss, cfg.targets)
+        metric, threshold, _ = cfg.target()
+        ok = meets(record["metrics"], metric, threshold, cfg.targets)
         self._streak = self._streak + 1 if ok else 0
         if self.reached_step is None and self._streak >= self.cfg.confirm:
             self.reached_step = record["step"]

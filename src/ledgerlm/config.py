@@ -25,6 +25,7 @@ from pydantic import (
     Tag,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -86,19 +87,76 @@ class BuiltinCorpusConfig(_Section):
     seed: int = Field(0, description="Seed of the synthetic math generator.")
 
 
+class ChunkSplit(_Section):
+    """Cut a text file into pieces of about ``chunk_chars`` characters, at line ends."""
+
+    chunk_chars: int = Field(ge=100, description="Characters per document (cut at a line end).")
+
+
+TextSplit = Annotated[
+    Union[  # noqa: UP007
+        Annotated[Literal["file", "blank_lines", "lines"], Tag("rule")],
+        Annotated[ChunkSplit, Tag("chunk")],
+    ],
+    Discriminator(
+        lambda v: (
+            "rule" if isinstance(v, str) else "chunk" if isinstance(v, dict | ChunkSplit) else None
+        ),
+        custom_error_type="split",
+        custom_error_message='expected "file", "blank_lines", "lines" or {chunk_chars = N}',
+    ),
+]
+
+
+_READ_OPTIONS = ("text_field", "id_field", "domain_field", "split")
+
+
 class InputConfig(_Section):
-    """One input: a file, a glob, a folder of text files, or ``builtin:stdlib``."""
+    """One input: a file, a glob, a folder of text files, or ``builtin:stdlib``.
+
+    ``format``: ``jsonl`` (one JSON object per line; .gz and .zst too), ``parquet``,
+    ``text`` (a .txt/.md file, or a folder of them), ``builtin``; ``auto`` picks by the
+    file name. Records of JSONL and Parquet carry the text, id and domain in the fields
+    named here; a text file is one document, or is cut by ``split``.
+    """
 
     path: str
     format: Literal["auto", "jsonl", "parquet", "text", "builtin"] = "auto"
     source: str | None = Field(None, description="Source name; default: from the path.")
     domain: str | None = Field(None, description="Domain for records that carry none.")
+    text_field: str = Field("text", min_length=1, description="JSONL/Parquet field of the text.")
+    id_field: str = Field("id", min_length=1, description="JSONL/Parquet field of the id.")
+    domain_field: str = Field(
+        "domain", min_length=1, description="JSONL/Parquet field of the domain."
+    )
+    split: TextSplit = Field(
+        "file",
+        description='Text files: one document per file, per paragraph ("blank_lines"), per '
+        'line ("lines"), or per {chunk_chars = N} characters.',
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_default_options(self, handler: Any) -> dict[str, Any]:
+        # The reading options are written out only when set, so a source written before
+        # they existed keeps its form, and the data version's hash.
+        out = handler(self)
+        for key in _READ_OPTIONS:
+            if getattr(self, key) == InputConfig.model_fields[key].default:
+                out.pop(key, None)
+        return out
+
+    def split_rule(self) -> str:
+        """The text split as a plain string (``file``, ``blank_lines``, ``lines``, ``chunk:N``)."""
+        if isinstance(self.split, ChunkSplit):
+            return f"chunk:{self.split.chunk_chars}"
+        return self.split
 
 
 # The union member of a source is picked by the input's shape, so a table's error names
 # its own key (``data.sources.0.bogus``) rather than "not a valid string".
 _SOURCE_TAGS = ("path", "table")
-_WEIGHT_TAGS = ("natural", "table")  # a mixture's weights: "natural" or a table (see _weights_kind)
+# union members that pydantic names in an error's location, by the field they are in
+_UNION_TAGS = {"weights": ("natural", "table"), "split": ("rule", "chunk")}
 
 
 def _source_kind(value: Any) -> str | None:
@@ -646,7 +704,7 @@ def _describe(err: ValidationError, origin: str) -> str:
         p
         for i, p in enumerate(loc)
         if not (i and isinstance(loc[i - 1], int) and p in _SOURCE_TAGS)
-        and not (i and loc[i - 1] == "weights" and p in _WEIGHT_TAGS)
+        and not (i and p in _UNION_TAGS.get(str(loc[i - 1]), ()))
     ]
     where = ".".join(str(p) for p in loc) or "(recipe)"
     if first["type"] == "extra_forbidden":

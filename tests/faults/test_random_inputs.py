@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledgerlm.config import DataConfig, InputConfig
-from ledgerlm.data.pipeline import prepare_data
+from ledgerlm.data.pipeline import prepare_data, split_of
 from ledgerlm.workspace import Workspace
 
 FIELDS = ["id", "text", "source", "domain", "lang", "date", "extra"]
@@ -132,6 +132,13 @@ def test_random_inputs_are_all_counted(jsonl, parquet, texts):
                 n, columns = payload
                 pq.write_table(pa.table(columns) if columns else pa.table({}), path)
                 expected += n if columns else 0
+        # one document that lands in the validation split, which may not be empty
+        anchor = next(
+            f"anchor-{k}" for k in range(1000) if split_of(f"anchor-{k}", 0.3, 0) == "val"
+        )
+        line = {"id": anchor, "text": "an anchor document with enough plain words for every filter"}
+        (root / "in" / "anchor.jsonl").write_text(json.dumps(line) + "\n")
+        expected += 1
         folder = root / "folder"
         for i, data in enumerate(texts):
             (folder / ("sub" if i % 2 else "")).mkdir(parents=True, exist_ok=True)

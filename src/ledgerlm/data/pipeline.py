@@ -337,6 +337,7 @@ def _decide(cfg: DataConfig, shards: list[Shard], clean: list[dict], work: Path)
         [split_of(u, cfg.val_fraction, cfg.split_seed, cfg.test_fraction) for u in unit],
         dtype=object,
     )
+    _check_held_out(cfg, split[status == "kept"], unit[status == "kept"])
     for s in shards:
         a, b = offsets[s.index], offsets[s.index + 1]
         table = pa.table(
@@ -383,6 +384,24 @@ def _decide(cfg: DataConfig, shards: list[Shard], clean: list[dict], work: Path)
             exposure=float(chars.sum() / max(chars[kept].sum(), 1)),
         ).to_dict(),
     }
+
+
+def _check_held_out(cfg: DataConfig, split: np.ndarray, unit: np.ndarray) -> None:
+    """A held-out split that drew no document stops the build here, before any tokenizer
+    or training work, naming what to change."""
+    wanted = [("val", "val_fraction", cfg.val_fraction)]
+    if cfg.test_fraction > 0:
+        wanted.append(("test", "test_fraction", cfg.test_fraction))
+    for name, key, fraction in wanted:
+        if len(split) and not (split == name).any():
+            units = len(set(unit.tolist()))
+            raise DataError(
+                f"the {name} split is empty: data.{key} = {fraction:g} drew none of the "
+                f"{units} {cfg.split} unit(s) of {len(split)} kept document(s). Give it more "
+                'documents: cut long text files with split = "blank_lines", "lines" or '
+                "{chunk_chars = N} on the source, split by document (data.split = "
+                f'"document"), or raise data.{key}'
+            )
 
 
 def _near_clusters(cfg, shards, offsets, exact, work) -> tuple[np.ndarray, dict[str, Any]]:

@@ -6,12 +6,14 @@ pickles. Reading streams one line, record batch or file at a time, never a whole
 
 A record that cannot become a ``Document`` is not dropped: it comes out as a
 ``Quarantined`` value naming file, line and reason, in the position it had in the file.
-So every non-blank line (or row, or text file) yields exactly one output, and
-"records in = kept + dropped + quarantined" can be checked downstream. A file that
-cannot be read at all (a broken or looping symlink, a folder link cycle, no permission,
-not a Parquet file) is one quarantined record; a Parquet file without a ``text`` column
+So every non-blank line (or row, or text file, or piece of a text file cut by the
+source's ``split``) yields exactly one output, and "records in = kept + dropped +
+quarantined" can be checked downstream. A file that cannot be read at all (a broken or
+looping symlink, a folder link cycle, no permission, not a Parquet file) is one
+quarantined record; a Parquet file without the source's text column (``text_field``)
 quarantines each of its rows; a damaged compressed stream ends in one quarantined
-record that says how many compressed bytes were not read.
+record that says how many compressed bytes were not read. JSONL and Parquet records
+carry their text, id and domain in the fields the source names.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import hashlib
 import json
 import os
 import posixpath
+import re
 import stat
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -51,7 +54,7 @@ _READ_SIZE = 1 << 20
 _COMPRESSED_READ_SIZE = 1 << 14  # small input steps bound what one decompress call emits
 _PARQUET_BATCH_ROWS = 1024
 _SNIPPET_CHARS = 200
-_KNOWN_FIELDS = ("id", "text", "source", "domain", "lang", "date")
+DEFAULT_FIELDS = ("text", "id", "domain")
 
 
 class ReaderError(ValueError):
@@ -74,6 +77,8 @@ class Shard:
     files: tuple[str, ...] = ()
     domain: str | None = None
     rel: str = ""
+    fields: tuple[str, str, str] = DEFAULT_FIELDS  # text, id, domain: JSONL and Parquet
+    split: str = "file"  # text files: file, blank_lines, lines or chunk:N
 
 
 @dataclass(frozen=True)
@@ -158,8 +163,12 @@ def _expand_one(inp: InputConfig, base: Path, per_shard: int) -> Iterator[Shard]
         if fmt == "text":
             loose.append(posixpath.relpath(_posix(match), _posix(root)))
             continue
-        yield Shard(0, source, fmt, match, (), inp.domain, _rel(match, base))
-    yield from _text_shards(source, root, loose, inp.domain, base, per_shard)
+        yield Shard(0, source, fmt, match, (), inp.domain, _rel(match, base), _fields(inp))
+    yield from _text_shards(inp, source, root, loose, base, per_shard)
+
+
+def _fields(inp: InputConfig) -> tuple[str, str, str]:
+    return (inp.text_field, inp.id_field, inp.domain_field)
 
 
 def _builtin_shard(inp: InputConfig) -> Shard:
@@ -248,7 +257,7 @@ def _folder_shards(
         ) from None
     if not files:
         raise ReaderError(f"input '{inp.path}': folder '{folder}' has no .txt or .md file")
-    yield from _text_shards(source, folder, files, inp.domain, base, per_shard)
+    yield from _text_shards(inp, source, folder, files, base, per_shard)
 
 
 def _text_files(folder: str) -> list[str]:
@@ -297,17 +306,19 @@ def _text_files(folder: str) -> list[str]:
 
 
 def _text_shards(
+    inp: InputConfig,
     source: str,
     folder: str,
     files: list[str],
-    domain: str | None,
     base: Path,
     per_shard: int,
 ) -> Iterator[Shard]:
     rel = _rel(folder, base)
     for start in range(0, len(files), per_shard):
         chunk = tuple(files[start : start + per_shard])
-        yield Shard(0, source, "text", folder, chunk, domain, rel)
+        yield Shard(
+            0, source, "text", folder, chunk, inp.domain, rel, _fields(inp), inp.split_rule()
+        )
 
 
 # --------------------------------------------------------------------------- reading
@@ -559,9 +570,9 @@ class _BadField(Exception):
     pass
 
 
-def _text_of(record: dict[str, Any]) -> str:
+def _text_of(record: dict[str, Any], field: str = "text") -> str:
     """The text, or raises with the reason it is unusable."""
-    text = record.get("text")
+    text = record.get(field)
     if text is None:
         raise _BadField("missing_text")
     if not isinstance(text, str):
@@ -599,8 +610,11 @@ def _date_field(value: Any) -> str | None:
     return _plain_field(value)
 
 
-def _meta(record: dict[str, Any]) -> str | None:
-    rest = {k: v for k, v in record.items() if k not in _KNOWN_FIELDS}
+def _meta(record: dict[str, Any], fields: tuple[str, ...] = DEFAULT_FIELDS) -> str | None:
+    """The record's other fields: all but the ones read (the mapped text, id and domain,
+    and source, lang, date), so a ``text`` field not chosen as the text is kept."""
+    read = {*fields, "source", "lang", "date"}
+    rest = {k: v for k, v in record.items() if k not in read}
     if not rest:
         return None
     return json.dumps(rest, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
@@ -619,16 +633,17 @@ def _encodable(*values: str | None) -> bool:
 
 def _to_document(record: dict[str, Any], shard: Shard, default_id: str) -> Document | str:
     """A document, or the reason (a string) the record cannot be one."""
+    text_field, id_field, domain_field = shard.fields
     try:
-        text = _text_of(record)
+        text = _text_of(record, text_field)
         doc = Document(
-            id=_id_field(record.get("id")) or default_id,
+            id=_id_field(record.get(id_field)) or default_id,
             text=text,
             source=_name_field(record.get("source")) or shard.source,
-            domain=_name_field(record.get("domain")) or shard.domain or "default",
+            domain=_name_field(record.get(domain_field)) or shard.domain or "default",
             lang=_plain_field(record.get("lang")),
             date=_date_field(record.get("date")),
-            meta=_meta(record),
+            meta=_meta(record, shard.fields),
         )
     except _BadField as err:
         return str(err)
@@ -653,7 +668,7 @@ def _read_parquet(shard: Shard) -> Iterator[Document | Quarantined]:
             detail = f"not a readable Parquet file: {err}"[:_SNIPPET_CHARS]
             yield Quarantined(_label(shard), None, "corrupt_stream", detail)
             return
-        has_text = "text" in pf.schema_arrow.names
+        has_text = shard.fields[0] in pf.schema_arrow.names
         try:
             for batch in pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS):
                 for record in batch.to_pylist():
@@ -676,6 +691,34 @@ def _parquet_record(
     return result
 
 
+def text_pieces(text: str, rule: str) -> Iterator[str]:
+    """A text file's documents under a split rule: the whole file; paragraphs between
+    blank lines; lines; or pieces of about N characters cut at a line end (``chunk:N``;
+    a line longer than N is cut inside). Blank pieces are left out."""
+    if rule == "file":
+        pieces: Iterable[str] = [text]
+    elif rule == "blank_lines":
+        pieces = re.split(r"\n(?:[ \t\r\f\v]*\n)+", text)
+    elif rule == "lines":
+        pieces = text.splitlines()
+    else:
+        pieces = _chunks(text, int(rule.removeprefix("chunk:")))
+    for piece in pieces:
+        if piece.strip():
+            yield piece
+
+
+def _chunks(text: str, size: int) -> Iterator[str]:
+    start = 0
+    while start < len(text):
+        end = min(start + size, len(text))
+        if end < len(text):
+            cut = text.rfind("\n", start, end)
+            end = cut + 1 if cut >= start else end
+        yield text[start:end]
+        start = end
+
+
 def _read_text(shard: Shard) -> Iterator[Document | Quarantined]:
     for rel in shard.files:
         label = posixpath.normpath(f"{_label(shard)}/{rel}")
@@ -694,7 +737,11 @@ def _read_text(shard: Shard) -> Iterator[Document | Quarantined]:
         if not text.strip():
             yield Quarantined(label, None, "empty_text", _snippet(data))
             continue
-        yield Document(rel, text, shard.source, shard.domain or "default")
+        if shard.split == "file":
+            yield Document(rel, text, shard.source, shard.domain or "default")
+            continue
+        for k, piece in enumerate(text_pieces(text, shard.split), start=1):
+            yield Document(f"{rel}#{k}", piece, shard.source, shard.domain or "default")
 
 
 # --------------------------------------------------------------------------- fingerprint
@@ -735,6 +782,8 @@ def shard_fingerprint(shard: Shard, builtin: BuiltinCorpusConfig) -> str:
     put = h.put
     domain = shard.domain if shard.domain is not None else "\0none"
     put("ledgerlm.readers", str(READER_FORMAT), shard.format, shard.source, domain)
+    if shard.fields != DEFAULT_FIELDS or shard.split != "file":  # defaults keep old prints
+        put("fields", *shard.fields, "split", shard.split)
     for name, path in _shard_files(shard):
         put(name, _file_digest(path))
     return h.hexdigest()

@@ -10,7 +10,7 @@ import pytest
 
 from ledgerlm.config import DataConfig, InputConfig, RecipeError, load_recipe
 from ledgerlm.data import manifest, passes, pipeline
-from ledgerlm.data.pipeline import DataError, prepare_data, split_of
+from ledgerlm.data.pipeline import DataError, check_inputs, prepare_data, split_of
 from ledgerlm.workspace import Workspace, file_sha256
 
 BANNER = "Copyright 2024 Example Corp. All rights reserved worldwide."
@@ -144,10 +144,16 @@ def test_split_units_are_never_cut(tmp_path, corpus):
     for f in result.manifest["files"]:
         for row in pq.read_table(result.path / f["path"]).to_pylist():
             assert split_of(row["cluster_id"], 0.2, 0) == f["split"]
-    # split by source, one source: the whole source falls on one side, so no validation
-    # split; the build stops there, naming the unit
-    with pytest.raises(DataError, match=r"the val split is empty: .* 1 source unit\(s\)"):
-        prepare_data(_config(folder, split="source"), Workspace(tmp_path / "ws"))
+    # split by source, one source: the whole source falls on one side. In val, it is all
+    # validation; in train, there is no validation split and the build stops, naming why.
+    cfg = _config(folder, split="source")
+    (source,) = {s.source for s in check_inputs(cfg)}
+    if split_of(source, 0.2, 0) == "val":
+        by_source = prepare_data(cfg, Workspace(tmp_path / "ws"))
+        assert {f["split"] for f in by_source.manifest["files"]} == {"val"}
+    else:
+        with pytest.raises(DataError, match=r"the val split is empty: .* 1 source unit\(s\)"):
+            prepare_data(cfg, Workspace(tmp_path / "ws"))
 
 
 def test_same_inputs_reuse_the_version_and_outputs_are_deterministic(tmp_path, corpus):

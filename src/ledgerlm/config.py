@@ -406,9 +406,40 @@ class DataConfig(_Section):
 
 
 class TokenizerConfig(_Section):
-    """Byte-level BPE trained with Hugging Face ``tokenizers`` on the train split only."""
+    """Byte-level BPE trained with Hugging Face ``tokenizers`` on the train split only, or
+    a supplied one (``from``)."""
 
-    vocab_size: int = Field(4096, ge=300, le=65_535)
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        allow_inf_nan=False,
+        populate_by_name=True,
+        serialize_by_alias=True,
+    )
+
+    from_: str | None = Field(
+        None,
+        alias="from",
+        description="A tokenizer to use instead of training one: a tokenizer.json file or a "
+        "local Hugging Face tokenizer folder (read from disk, never downloaded).",
+    )
+    bos: str | None = Field(None, description="With from: the BOS token (default: found by name).")
+    eos: str | None = Field(None, description="With from: the EOS token (default: found by name).")
+    pad: str | None = Field(
+        None, description="With from: the padding token (default: found by name, else EOS)."
+    )
+    vocab_size: int = Field(4096, ge=300, le=1_048_576, description="Trained vocabulary size.")
+
+    @model_serializer(mode="wrap")
+    def _without_unset_supplied(self, handler: Any) -> dict[str, Any]:
+        # The supplied-tokenizer keys are written only when set, so a recipe written
+        # before they existed keeps its form, and its tokens version.
+        out = handler(self)
+        for key in ("from", "bos", "eos", "pad"):
+            if out.get(key) is None:
+                out.pop(key, None)
+        return out
+
     min_frequency: int = Field(2, ge=1)
     max_train_chars: int = Field(
         20_000_000, ge=1, description="Characters of train text used to learn merges."

@@ -47,6 +47,7 @@ from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.tokens.loader import test_batches
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.shards import TokenStore, build_tokens
+from ledgerlm.tokens.tokenizer import tokenizer_file
 from ledgerlm.train.checkpoint import load_checkpoint
 from ledgerlm.train.distributed import World
 from ledgerlm.train.evaluate import EvalCallback, evaluate, unigram_entropy, weights_digest
@@ -306,6 +307,8 @@ def run_recipe(
         world = placed(world, recipe.train)
         check_contract(recipe, world)
         check_inputs(recipe.data)  # a missing input writes nothing, not even the ledger
+        if recipe.tokenizer.from_ is not None:
+            tokenizer_file(recipe.tokenizer.from_)
         ledger = Ledger(workspace.ledger_path)
     init = search = None
     try:

@@ -100,15 +100,19 @@ def llama_config(model: GPT, special: dict[str, int] | None, max_positions: int)
 
 
 def _write_tokenizer(folder: Path, tokenizer_path: Path, special: dict[str, int], n: int) -> None:
-    """Copy tokenizer.json and name its special tokens for ``PreTrainedTokenizerFast``.
-
-    The copy is byte for byte, so HF encodes exactly as training did: no BOS/EOS is
-    added on encode (packing added them around each document; prepend BOS yourself).
+    """The training tokenizer, set to put BOS before a text as training did (every
+    document was packed as BOS + ids + EOS), with its special tokens named for
+    ``PreTrainedTokenizerFast``. Encoding is otherwise exactly the training one.
     """
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer, processors
 
-    shutil.copyfile(tokenizer_path, folder / "tokenizer.json")
     tok = Tokenizer.from_file(str(tokenizer_path))
+    if "bos" in special:
+        bos = tok.id_to_token(special["bos"])
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, special["bos"])]
+        )
+    tok.save(str(folder / "tokenizer.json"))
     names = {f"{k}_token": tok.id_to_token(i) for k, i in special.items()}
     conf = {
         "tokenizer_class": "PreTrainedTokenizerFast",

@@ -24,9 +24,11 @@ from ledgerlm.data.pipeline import SPLITS, iter_split
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.tokens.tokenizer import (
     TokenText,
+    load_supplied,
     load_tokenizer,
     special_ids,
     token_text,
+    tokenizer_file,
     train_tokenizer,
 )
 from ledgerlm.workspace import (
@@ -56,7 +58,11 @@ INDEX_SCHEMA = pa.schema(
 
 
 def tokens_version(data_version: str, cfg: TokenizerConfig) -> str:
-    return content_hash("tokens", SCHEMA_VERSION, data_version, cfg.model_dump(mode="json"))
+    """Hashes the data version and ``[tokenizer]``, and a supplied tokenizer's bytes."""
+    parts: list[Any] = [data_version, cfg.model_dump(mode="json")]
+    if cfg.from_ is not None:
+        parts.append(file_sha256(tokenizer_file(cfg.from_)))
+    return content_hash("tokens", SCHEMA_VERSION, *parts)
 
 
 def build_tokens(
@@ -102,8 +108,15 @@ def _build(
         for table in iter_split(data.path, data.manifest, "train"):
             yield from table.column("text").to_pylist()
 
+    special: dict[str, int] | None = None
+    kind, trained_on = "byte-level BPE (huggingface tokenizers)", "train split only"
     if source is not None:
         tok = load_tokenizer(source.path / "tokenizer.json")
+        special, trained_on = source.manifest["tokenizer"]["special"], f"tokens version {cfg.reuse}"
+    elif cfg.from_ is not None:
+        supplied = load_supplied(cfg.from_, {"bos": cfg.bos, "eos": cfg.eos, "pad": cfg.pad})
+        tok, special = supplied.tokenizer, supplied.special
+        kind, trained_on = "supplied (huggingface tokenizers)", f"supplied: {supplied.path}"
     else:
         with progress.task("tokens: train BPE") as task:
             tok = train_tokenizer(train_texts(), cfg)
@@ -173,11 +186,11 @@ def _build(
         "version": version,
         "data_version": data.version,
         "tokenizer": {
-            "type": "byte-level BPE (huggingface tokenizers)",
+            "type": kind,
             "config": cfg.model_dump(mode="json"),
             "vocab_size": vocab,
-            "special": special_ids(tok),
-            "trained_on": f"tokens version {cfg.reuse}" if cfg.reuse else "train split only",
+            "special": special if special is not None else special_ids(tok),
+            "trained_on": trained_on,
             "sha256": file_sha256(tmp / "tokenizer.json"),
         },
         "dtype": np.dtype(dtype).name,

@@ -6,6 +6,8 @@ take the first ids so they are the same for every vocabulary size.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +59,88 @@ def special_ids(tok: Tokenizer) -> dict[str, int]:
     return {"pad": ids[PAD], "bos": ids[BOS], "eos": ids[EOS]}
 
 
+# Names a supplied tokenizer's special tokens commonly have, most specific first.
+_CANDIDATES = {
+    "bos": (BOS, "<s>", "<|begin_of_text|>", "[CLS]", "<|endoftext|>"),
+    "eos": (EOS, "</s>", "<|end_of_text|>", "<|eot_id|>", "[SEP]", "<|endoftext|>"),
+    "pad": (PAD, "<|pad|>", "[PAD]"),
+}
+
+
+@dataclass(frozen=True)
+class Supplied:
+    """A tokenizer read from disk: the tokenizer, the file it came from, and its BOS,
+    EOS and padding ids (padding falls back to EOS: padded positions are never trained)."""
+
+    tokenizer: Tokenizer
+    path: Path
+    special: dict[str, int]
+
+
+def load_supplied(where: str | Path, names: dict[str, str | None] | None = None) -> Supplied:
+    """A ``tokenizer.json`` file, or a local Hugging Face tokenizer folder (its
+    ``tokenizer.json``; special tokens from its ``tokenizer_config.json`` when named
+    there). ``names`` (bos, eos, pad) override; otherwise each is found by its usual
+    names. Nothing is downloaded."""
+    path = Path(where)
+    file = tokenizer_file(path)
+    try:
+        tok = Tokenizer.from_file(str(file))
+    except Exception as err:  # tokenizers raises its own Exception type
+        raise ValueError(f"{file}: not a tokenizers JSON file: {err}") from None
+    declared = _declared_specials(path / "tokenizer_config.json") if path.is_dir() else {}
+    special: dict[str, int] = {}
+    for kind in ("bos", "eos", "pad"):
+        asked = (names or {}).get(kind) or declared.get(kind)
+        if asked is not None:
+            i = tok.token_to_id(asked)
+            if i is None:
+                raise ValueError(f"{file}: no token {asked!r} for {kind}")
+            special[kind] = i
+            continue
+        found = next(
+            (tok.token_to_id(n) for n in _CANDIDATES[kind] if tok.token_to_id(n) is not None), None
+        )
+        if found is not None:
+            special[kind] = found
+    if "eos" not in special:
+        raise ValueError(f'{file}: no EOS token found by name; name it with tokenizer.eos = "..."')
+    special.setdefault("bos", special["eos"])
+    special.setdefault("pad", special["eos"])
+    return Supplied(tok, file, special)
+
+
+def tokenizer_file(where: str | Path) -> Path:
+    """The ``tokenizer.json`` that ``tokenizer.from`` names (the file itself, or the one
+    in a folder); one clear error when there is none. Nothing is read."""
+    path = Path(where)
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"tokenizer.from = {str(where)!r}: no tokenizer.json there (give the file or a "
+            "folder that holds one; nothing is downloaded)"
+        )
+    return file
+
+
+def _declared_specials(config: Path) -> dict[str, str]:
+    """bos/eos/pad tokens a Hugging Face ``tokenizer_config.json`` names, if any."""
+    if not config.is_file():
+        return {}
+    try:
+        conf = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for kind in ("bos", "eos", "pad"):
+        value = conf.get(f"{kind}_token")
+        if isinstance(value, dict):  # an AddedToken written out
+            value = value.get("content")
+        if isinstance(value, str) and value:
+            out[kind] = value
+    return out
+
+
 def _byte_alphabet() -> dict[str, int]:
     """The byte-level alphabet: the character that stands for each byte 0-255 in a
     byte-level BPE token (printable Latin-1 bytes stand for themselves, the others are
@@ -72,6 +156,9 @@ def _byte_alphabet() -> dict[str, int]:
     return chars
 
 
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
 @dataclass(frozen=True)
 class TokenText:
     """How much text each token id stands for: UTF-8 bytes, and characters (counted at
@@ -82,21 +169,40 @@ class TokenText:
     chars: np.ndarray
 
 
+def _uses_byte_level(spec: object) -> bool:
+    """Whether a tokenizer's JSON uses byte-level pre-tokenization or decoding anywhere."""
+    if isinstance(spec, dict):
+        if spec.get("type") == "ByteLevel":
+            return True
+        return any(
+            _uses_byte_level(spec.get(k))
+            for k in ("pre_tokenizer", "decoder", "pretokenizers", "decoders")
+        )
+    if isinstance(spec, list):
+        return any(_uses_byte_level(x) for x in spec)
+    return False
+
+
 def token_text(tok: Tokenizer) -> TokenText:
-    """``TokenText`` of a tokenizer: byte-level tokens are read back through the byte
-    alphabet; any other token as the UTF-8 of its text."""
+    """``TokenText`` of a tokenizer: a byte-level tokenizer's tokens are read back
+    through the byte alphabet; SentencePiece byte tokens (``<0x0A>``) are one byte; any
+    other token is the UTF-8 of its text, its word-start mark a space."""
     alphabet = _byte_alphabet()
+    byte_level = _uses_byte_level(json.loads(tok.to_str()))
     size = tok.get_vocab_size()
     n_bytes = np.zeros(size, dtype=np.int64)
     n_chars = np.zeros(size, dtype=np.int64)
-    special = set(SPECIAL_TOKENS) | {t.content for t in tok.get_added_tokens_decoder().values()}
+    added = tok.get_added_tokens_decoder().values()
+    special = set(SPECIAL_TOKENS) | {t.content for t in added if t.special}
     for token, i in tok.get_vocab().items():
         if token in special or i >= size:
             continue
-        if all(c in alphabet for c in token):
+        if byte_level and all(c in alphabet for c in token):
             raw = bytes(alphabet[c] for c in token)
-        else:
-            raw = token.encode("utf-8")
+        elif _BYTE_TOKEN.fullmatch(token):  # SentencePiece byte fallback: <0x0A>
+            raw = bytes([int(token[3:5], 16)])
+        else:  # SentencePiece's word-start mark stands for a space
+            raw = token.replace("\u2581", " ").encode("utf-8")
         n_bytes[i] = len(raw)
         n_chars[i] = sum(1 for b in raw if b & 0xC0 != 0x80)  # not a continuation byte
     return TokenText(n_bytes, n_chars)

@@ -1,6 +1,7 @@
 """End to end through the console script on the tiny recipe."""
 
 import json
+import re
 
 import pytest
 
@@ -271,3 +272,16 @@ def test_export_hf_loads_in_transformers_and_refuses_to_overwrite(
     lines = again.stderr.strip().splitlines()
     assert len(lines) == 1 and "not empty" in lines[0] and "--force" in lines[0]
     assert "Traceback" not in again.stderr
+
+
+def test_output_sent_to_a_file_shows_progress_as_it_happens(tmp_path, monkeypatch):
+    """stdout is a pipe here: plain periodic lines with the step, loss, lr, tokens/s and
+    ETA; a --json command keeps its stdout JSON."""
+    monkeypatch.setenv("LEDGERLM_PROGRESS_SECONDS", "0.001")
+    ws = str(tmp_path / "ws")
+    out = ledgerlm("run", str(TINY), "-w", ws, "--set", "train.max_steps=30").stdout
+    lines = [line for line in out.splitlines() if "] train " in line]
+    assert len(lines) >= 2 and lines[-1].split("] ")[1].startswith("train 30/30 done")
+    assert re.search(r"train \d+/30 \(\d+%\) ETA [\d,]+ s loss [\d.]+ lr \S+ tok/s [\d,]+", out)
+    planned = ledgerlm("mix", "plan", str(TINY), "-w", ws, "--json").stdout
+    assert json.loads(planned)["budget_tokens"] > 0

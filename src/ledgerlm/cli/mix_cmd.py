@@ -135,7 +135,7 @@ def plan(
 
         extra = [f"data.mixture.max_epochs={max_epochs}"] if max_epochs is not None else []
         cfg = load_recipe(recipe, [*(set_ or []), *extra])
-        with RichProgress() as progress:
+        with RichProgress(lines=not as_json) as progress:
             found = plan_recipe(cfg, Workspace(workspace), progress, ranks)
     planned = found.to_dict()
     if as_json:
@@ -225,7 +225,7 @@ def search(
         raise ValueError(f"--method {method!r}: use regmix or doremi")
     base = load_recipe(recipe, set_)
     if method == "doremi":
-        with RichProgress() as progress:
+        with RichProgress(lines=not as_json) as progress:
             record = doremi_search(
                 base, Workspace(workspace), proxy=list(proxy or []), progress=progress
             )
@@ -234,7 +234,7 @@ def search(
         else:
             print_doremi(record)
         return
-    with RichProgress() as progress:
+    with RichProgress(lines=not as_json) as progress:
         record = search_mixture(
             base,
             Workspace(workspace),
@@ -369,7 +369,7 @@ def verify(
     from ledgerlm.workspace import Workspace
 
     base = load_recipe(recipe, set_)
-    with RichProgress() as progress:
+    with RichProgress(lines=not as_json) as progress:
         out = verify_mixture(base, Workspace(workspace), mixture, progress)
     if as_json:
         console.print_json(json.dumps(out))

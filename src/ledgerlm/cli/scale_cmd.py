@@ -245,7 +245,7 @@ def run_cmd(
             f"lr rule {escape(lr_rule)}",
             highlight=False,
         )
-    with RichProgress() as progress:
+    with RichProgress(lines=not as_json) as progress:
         run_sweep(base, points, ws, progress, sweep_id=sweep_id, keep_going=keep_going)
     with Ledger(ws.ledger_path) as ledger:
         found = sweep_points(ledger, sweep_id, ws)

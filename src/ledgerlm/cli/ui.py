@@ -6,6 +6,7 @@ import functools
 import os
 import sqlite3
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -102,10 +103,61 @@ class _RichTask:
         self.progress.update(self.task_id, advance=n, **fields)
 
 
-class RichProgress:
-    """Library ``Progress`` backed by rich bars (quiet when stderr is not a terminal)."""
+PROGRESS_SECONDS = "LEDGERLM_PROGRESS_SECONDS"  # between plain progress lines; 0: none
 
-    def __init__(self) -> None:
+
+class _PlainTask:
+    """A task reported as plain lines on stdout: one every ``every`` seconds and one at
+    the end, each with the count, the share done, the elapsed time, an ETA and the
+    task's info (for a training run: loss, learning rate, tokens per second)."""
+
+    def __init__(self, description: str, total: float | None, every: float) -> None:
+        self.description, self.total, self.every = description, total, every
+        self.done, self.info = 0.0, ""
+        self.start = self.last = time.monotonic()
+
+    def advance(self, n: float = 1, **fields: Any) -> None:
+        self.done += n
+        if isinstance(fields.get("info"), str):
+            self.info = fields["info"]
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            self.line(now)
+
+    def line(self, now: float, final: bool = False) -> None:
+        elapsed = now - self.start
+        count = f"{self.done:,.0f}" + (f"/{self.total:,.0f}" if self.total else "")
+        parts = [f"[{elapsed:7.1f} s] {self.description} {count}"]
+        if self.total and not final:
+            parts.append(f"({self.done / self.total:.0%})")
+            if self.done:
+                eta = (self.total - self.done) * elapsed / self.done
+                parts.append(f"ETA {eta:,.0f} s")
+        if final:
+            parts.append("done")
+        if self.info:
+            parts.append(self.info)
+        print(" ".join(parts), flush=True)
+
+
+class _Both:
+    def __init__(self, *tasks: Any) -> None:
+        self.tasks = tasks
+
+    def advance(self, n: float = 1, **fields: Any) -> None:
+        for task in self.tasks:
+            task.advance(n, **dict(fields))
+
+
+class RichProgress:
+    """Library ``Progress`` backed by rich bars on stderr when it is a terminal, and by
+    plain periodic lines on stdout when stdout is not one (output sent to a file or a
+    pipe shows progress as it happens). ``lines=False`` keeps stdout clean (``--json``)."""
+
+    def __init__(self, lines: bool = True) -> None:
+        every = float(os.environ.get(PROGRESS_SECONDS, "10") or 0)
+        self._every = every if lines and every > 0 and not sys.stdout.isatty() else None
         self._progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(bar_width=20),
@@ -125,9 +177,15 @@ class RichProgress:
         self._progress.__exit__(*exc)
 
     @contextmanager
-    def task(self, description: str, total: float | None = None) -> Iterator[_RichTask]:
+    def task(self, description: str, total: float | None = None) -> Iterator[Any]:
         task_id = self._progress.add_task(escape(description), total=total, info="")
-        yield _RichTask(self._progress, task_id)
+        rich = _RichTask(self._progress, task_id)
+        if self._every is None:
+            yield rich
+        else:
+            plain = _PlainTask(description, total, self._every)
+            yield _Both(rich, plain)
+            plain.line(time.monotonic(), final=True)
         if total is None:  # an open-ended task ends as a full bar
             done = next(t.completed for t in self._progress.tasks if t.id == task_id)
             self._progress.update(task_id, total=done or 1, completed=done or 1)

@@ -88,6 +88,8 @@ def test_unreached_or_different_targets_are_not_comparable(ledger: Ledger) -> No
     result = compare_runs(summaries)
     assert result["runs"][1]["reached"] is False
     assert result["runs"][1]["time_to_target"] is None
+    # how far it got: its last evaluation (step 1000 of a curve crossing at 5000)
+    assert result["runs"][1]["final_value"] == pytest.approx(3.0 + (5000 - 1000) / 1000)
     assert result["runs"][1]["steps_to_target"] is None
     by_run = {c["run"]: c for c in result["comparisons"]}
     assert by_run[slow]["class"] == "not comparable"

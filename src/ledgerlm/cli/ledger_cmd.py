@@ -187,7 +187,12 @@ def compare(
         t.add_column(col, justify="left" if col == "vs baseline" else "right")
     for f in result["runs"]:
         c = verdicts.get(f["id"])
-        ttt = fmt_seconds(f["time_to_target"]) if f["reached"] else "[red]not reached[/]"
+        if f["reached"]:
+            ttt = fmt_seconds(f["time_to_target"])
+        elif f["final_value"] is not None:  # how far it got
+            ttt = f"[red]not reached[/] (final {f['final_value']:.4f})"
+        else:
+            ttt = "[red]not reached[/]"
         t.add_row(
             escape(f["id"]),
             escape(str(f["seed"])),

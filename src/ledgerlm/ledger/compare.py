@@ -176,7 +176,18 @@ def run_figures(summary: Mapping[str, Any]) -> dict[str, Any]:
         "shares": shares,
         "test": held_out_metrics(summary),
         "final_domains": final_domain_losses(summary),
+        "final_value": final_value(summary),
     }
+
+
+def final_value(summary: Mapping[str, Any]) -> float | None:
+    """The target metric at the run's last evaluation: how far a run that did not reach
+    its target got."""
+    evaluations = summary.get("evaluations") or []
+    if not evaluations:
+        return None
+    last = max(evaluations, key=lambda ev: ev["step"])["metrics"]
+    return _finite(last.get(summary["run"].get("target_metric")))
 
 
 def final_domain_losses(summary: Mapping[str, Any]) -> dict[str, float | None]:

@@ -252,7 +252,12 @@ def comparison_html(result: Mapping[str, Any]) -> str:
     rows = []
     for i, f in enumerate(result["runs"]):
         c = verdicts.get(f["id"])
-        ttt = f"{f['time_to_target']:,.1f} s" if f["reached"] else "not reached"
+        if f["reached"]:
+            ttt = f"{f['time_to_target']:,.1f} s"
+        elif f.get("final_value") is not None:
+            ttt = f"not reached (final {f['final_value']:.4f})"
+        else:
+            ttt = "not reached"
         why = "" if c is None else c["reason"]
         if c is not None and c["recipe_diff"]:
             why += "; recipe: " + "; ".join(c["recipe_diff"][:6])

@@ -115,13 +115,14 @@ class InputConfig(_Section):
     """One input: a file, a glob, a folder of text files, or ``builtin:stdlib``.
 
     ``format``: ``jsonl`` (one JSON object per line; .gz and .zst too), ``parquet``,
-    ``text`` (a .txt/.md file, or a folder of them), ``builtin``; ``auto`` picks by the
-    file name. Records of JSONL and Parquet carry the text, id and domain in the fields
+    ``arrow`` (Arrow IPC files, as a Hugging Face ``datasets`` folder saved with
+    ``save_to_disk`` holds them: such a folder is read whole), ``text`` (a .txt/.md
+    file, or a folder of them), ``builtin``; ``auto`` picks by the file name. Records of JSONL and Parquet carry the text, id and domain in the fields
     named here; a text file is one document, or is cut by ``split``.
     """
 
     path: str
-    format: Literal["auto", "jsonl", "parquet", "text", "builtin"] = "auto"
+    format: Literal["auto", "jsonl", "parquet", "arrow", "text", "builtin"] = "auto"
     source: str | None = Field(None, description="Source name; default: from the path.")
     domain: str | None = Field(None, description="Domain for records that carry none.")
     text_field: str = Field("text", min_length=1, description="JSONL/Parquet field of the text.")

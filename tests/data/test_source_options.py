@@ -114,3 +114,19 @@ def test_data_prepare_says_it_in_one_line(tmp_path):
     proc = ledgerlm("data", "prepare", str(recipe), "-w", str(tmp_path / "ws"), check=False)
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: the val split is empty") and proc.stderr.count("\n") == 1
+
+
+def test_a_hugging_face_datasets_folder(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="the datasets library builds the folder")
+    rows = {"content": [f"document number {i} has words" for i in range(5)], "key": list("abcde")}
+    datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "ds"))
+    both = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_dict(rows), "test": datasets.Dataset.from_dict(rows)}
+    )
+    both.save_to_disk(str(tmp_path / "dd"))
+    docs = _read(InputConfig(path="ds", text_field="content", id_field="key"), tmp_path)
+    assert [(d.id, d.text) for d in docs] == list(zip(rows["key"], rows["content"], strict=True))
+    split_docs = _read(InputConfig(path="dd", text_field="content", id_field="key"), tmp_path)
+    assert len(split_docs) == 10  # every split of a DatasetDict, in its order
+    missing = _read(InputConfig(path="ds"), tmp_path)  # no "text" column: each row says so
+    assert all(isinstance(q, Quarantined) and q.reason == "no_text_column" for q in missing)

@@ -124,6 +124,8 @@ def infer_format(name: str) -> str | None:
     lower = name.lower()
     if lower.endswith(".parquet"):
         return "parquet"
+    if lower.endswith(".arrow"):
+        return "arrow"
     if lower.endswith(_JSONL_SUFFIXES):
         return "jsonl"
     if lower.endswith(TEXT_SUFFIXES):
@@ -157,6 +159,12 @@ def _expand_one(inp: InputConfig, base: Path, per_shard: int) -> Iterator[Shard]
             continue  # `dir/**` also lists the folder's own files
         if os.path.isdir(match):
             covered.append(match)
+            if arrow := hf_dataset_files(match):
+                for path in arrow:
+                    yield Shard(
+                        0, source, "arrow", path, (), inp.domain, _rel(path, base), _fields(inp)
+                    )
+                continue
             yield from _folder_shards(inp, source, match, base, per_shard)
             continue
         fmt = _file_format(inp, match)
@@ -169,6 +177,24 @@ def _expand_one(inp: InputConfig, base: Path, per_shard: int) -> Iterator[Shard]
 
 def _fields(inp: InputConfig) -> tuple[str, str, str]:
     return (inp.text_field, inp.id_field, inp.domain_field)
+
+
+def hf_dataset_files(folder: str) -> list[str]:
+    """The Arrow files of a Hugging Face ``datasets`` folder saved with ``save_to_disk``
+    (a ``Dataset``: its ``state.json`` lists them; a ``DatasetDict``: every split in
+    ``dataset_dict.json`` order), or [] when the folder is not one."""
+    try:
+        if os.path.isfile(os.path.join(folder, "dataset_dict.json")):
+            with open(os.path.join(folder, "dataset_dict.json"), encoding="utf-8") as f:
+                splits = json.load(f)["splits"]
+            return [p for split in splits for p in hf_dataset_files(os.path.join(folder, split))]
+        if os.path.isfile(os.path.join(folder, "state.json")):
+            with open(os.path.join(folder, "state.json"), encoding="utf-8") as f:
+                files = [d["filename"] for d in json.load(f)["_data_files"]]
+            return [os.path.join(folder, name) for name in files]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ReaderError(f"'{folder}': not a readable datasets folder: {err}") from None
+    return []
 
 
 def _builtin_shard(inp: InputConfig) -> Shard:
@@ -338,6 +364,8 @@ def read_shard(shard: Shard, builtin: BuiltinCorpusConfig) -> Iterator[Document 
         return _read_jsonl(shard)
     if shard.format == "parquet":
         return _read_parquet(shard)
+    if shard.format == "arrow":
+        return _read_arrow(shard)
     if shard.format == "text":
         return _read_text(shard)
     if shard.format == "builtin":
@@ -654,7 +682,26 @@ def _to_document(record: dict[str, Any], shard: Shard, default_id: str) -> Docum
 
 def _read_parquet(shard: Shard) -> Iterator[Document | Quarantined]:
     """Rows in order; a file that is not Parquet is one quarantined record, and each row
-    of a file without a ``text`` column is quarantined (``no_text_column``)."""
+    of a file without the source's text column is quarantined (``no_text_column``)."""
+
+    def batches(raw: BinaryIO) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+        pf = pq.ParquetFile(raw)
+        return pf.schema_arrow, pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS)
+
+    return _read_columnar(shard, "Parquet", batches)
+
+
+def _read_arrow(shard: Shard) -> Iterator[Document | Quarantined]:
+    """Rows of an Arrow IPC file (stream or file format, as ``datasets`` writes them),
+    read like Parquet's: batch by batch, never the whole table."""
+    return _read_columnar(shard, "Arrow", _arrow_batches)
+
+
+def _read_columnar(
+    shard: Shard,
+    kind: str,
+    batches_of: Callable[[BinaryIO], tuple[pa.Schema, Iterator[pa.RecordBatch]]],
+) -> Iterator[Document | Quarantined]:
     row = 0
     try:
         raw = _open_regular(shard.path)
@@ -663,14 +710,14 @@ def _read_parquet(shard: Shard) -> Iterator[Document | Quarantined]:
         return
     with raw:
         try:
-            pf = pq.ParquetFile(raw)
+            schema, batches = batches_of(raw)
         except (pa.ArrowException, OSError, ValueError) as err:
-            detail = f"not a readable Parquet file: {err}"[:_SNIPPET_CHARS]
+            detail = f"not a readable {kind} file: {err}"[:_SNIPPET_CHARS]
             yield Quarantined(_label(shard), None, "corrupt_stream", detail)
             return
-        has_text = shard.fields[0] in pf.schema_arrow.names
+        has_text = shard.fields[0] in schema.names
         try:
-            for batch in pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS):
+            for batch in batches:
                 for record in batch.to_pylist():
                     row += 1
                     yield _parquet_record(shard, row, record, has_text)
@@ -717,6 +764,17 @@ def _chunks(text: str, size: int) -> Iterator[str]:
             end = cut + 1 if cut >= start else end
         yield text[start:end]
         start = end
+
+
+def _arrow_batches(raw: BinaryIO) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """The schema and record batches of an Arrow IPC stream, or else of an IPC file."""
+    try:
+        stream = pa.ipc.open_stream(raw)
+        return stream.schema, iter(stream)
+    except pa.ArrowInvalid:
+        raw.seek(0)
+        file = pa.ipc.open_file(raw)
+        return file.schema, (file.get_batch(i) for i in range(file.num_record_batches))
 
 
 def _read_text(shard: Shard) -> Iterator[Document | Quarantined]:

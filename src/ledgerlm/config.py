@@ -117,8 +117,9 @@ class InputConfig(_Section):
     ``format``: ``jsonl`` (one JSON object per line; .gz and .zst too), ``parquet``,
     ``arrow`` (Arrow IPC files, as a Hugging Face ``datasets`` folder saved with
     ``save_to_disk`` holds them: such a folder is read whole), ``text`` (a .txt/.md
-    file, or a folder of them), ``builtin``; ``auto`` picks by the file name. Records of JSONL and Parquet carry the text, id and domain in the fields
-    named here; a text file is one document, or is cut by ``split``.
+    file, or a folder of them), ``builtin``; ``auto`` picks by the file name. Records
+    of JSONL, Parquet and Arrow carry the text, id and domain in the fields named here;
+    a text file is one document, or is cut by ``split``.
     """
 
     path: str

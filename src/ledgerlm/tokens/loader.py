@@ -376,19 +376,15 @@ def train_pools(store: TokenStore) -> dict[str, int]:
     return {d: int(per[i]) for i, d in enumerate(store.domains)}
 
 
-class _Checked:
-    """What a saved stream state is valid for; a state saved for another is refused."""
-
-    def __init__(self, identity: dict[str, Any]) -> None:
-        self.identity = identity
-
-    def check(self, saved: Mapping[str, Any]) -> None:
-        for key, value in self.identity.items():
-            if saved.get(key) != value:
-                raise ValueError(
-                    f"data cursor was saved for another stream: its {key} differs "
-                    f"(saved {_short(saved.get(key))}, this stream {_short(value)})"
-                )
+def _check_saved_for(identity: dict[str, Any], saved: Mapping[str, Any]) -> None:
+    """A saved stream state is refused unless it was saved for this stream (``identity``:
+    seed, train documents, mixture)."""
+    for key, value in identity.items():
+        if saved.get(key) != value:
+            raise ValueError(
+                f"data cursor was saved for another stream: its {key} differs "
+                f"(saved {_short(saved.get(key))}, this stream {_short(value)})"
+            )
 
 
 def _short(value: Any) -> str:
@@ -420,10 +416,9 @@ def train_batches(
     identity: dict[str, Any] = {"seed": seed, "documents": len(docs["length"])}
     if mixed:
         identity["mixture"] = [seg.to_dict() for seg in mixture]
-    checked = _Checked(identity)
     state: Mapping[str, Any] | None = None
     if isinstance(cursor, Mapping):
-        checked.check(cursor)
+        _check_saved_for(identity, cursor)
         state = cursor
 
     def fetch(i: int) -> tuple[np.ndarray, int]:

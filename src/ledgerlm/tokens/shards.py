@@ -225,9 +225,12 @@ class TokenStore:
         """UTF-8 bytes and characters per token id (for bits per byte)."""
         return token_text(self.tokenizer)
 
+    @functools.lru_cache(maxsize=len(SPLITS))  # noqa: B019 - one store per version, kept
     def split_docs(self, split: str) -> dict[str, np.ndarray]:
         """Columns of the index for one split, as arrays (order = data order); empty
-        arrays for a split without documents (or one this version does not have)."""
+        arrays for a split without documents (or one this version does not have). Built
+        once per split: the plan, the sampler and the held-out sets all read them (the
+        arrays are shared, not to be changed)."""
         table = self.index.filter(pc.equal(self.index.column("split"), split))
         domain_id = {d: i for i, d in enumerate(self.domains)}
         return {

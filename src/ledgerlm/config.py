@@ -392,6 +392,23 @@ class DataConfig(_Section):
         default_factory=MixtureConfig,
         description="How training samples the domains; not part of the data version.",
     )
+    val_sources: list[SourceSpec] = Field(
+        default_factory=list,
+        description="Set from [eval] sources: the validation split, read as given "
+        "(val_fraction then draws nothing from the training sources).",
+    )
+    test_sources: list[SourceSpec] = Field(
+        default_factory=list, description="Set from [eval] test_sources: the test split."
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_fixed_sets(self, handler: Any) -> dict[str, Any]:
+        # written out only when set, so a recipe without them keeps its data version id
+        out = handler(self)
+        for key in ("val_sources", "test_sources"):
+            if not getattr(self, key):
+                out.pop(key, None)
+        return out
 
     @model_validator(mode="after")
     def _held_out_leaves_train(self) -> DataConfig:
@@ -404,7 +421,16 @@ class DataConfig(_Section):
         return self
 
     def inputs(self) -> list[InputConfig]:
-        return [InputConfig(path=s) if isinstance(s, str) else s for s in self.sources]
+        return _as_inputs(self.sources)
+
+    def held_out_inputs(self) -> dict[str, list[InputConfig]]:
+        """The user-fixed held-out splits: {"val": [...], "test": [...]}, when set."""
+        fixed = {"val": self.val_sources, "test": self.test_sources}
+        return {split: _as_inputs(specs) for split, specs in fixed.items() if specs}
+
+
+def _as_inputs(specs: list[SourceSpec]) -> list[InputConfig]:
+    return [InputConfig(path=s) if isinstance(s, str) else s for s in specs]
 
 
 class TokenizerConfig(_Section):
@@ -621,6 +647,16 @@ class EvalConfig(_Section):
         description="Evaluate a snapshot of the weights in a background thread while "
         "training continues; the result is bound to the snapshot's step and hash.",
     )
+    sources: list[SourceSpec] = Field(
+        default_factory=list,
+        description="A validation set fixed by you (same syntax as data.sources), scored "
+        "instead of a val_fraction of the training sources and checked for contamination "
+        "against the training text.",
+    )
+    test_sources: list[SourceSpec] = Field(
+        default_factory=list,
+        description="A test set fixed by you, instead of data.test_fraction.",
+    )
 
     def target(self) -> tuple[str, float, str]:
         """(metric, threshold, unit) of the target: the loss in nat/token, or with
@@ -647,6 +683,27 @@ class EvalConfig(_Section):
         }
 
 
+class LogConfig(_Section):
+    """Where a run's series are also sent while it trains. The ledger stays the record;
+    a sink that fails is written down as an event and dropped, never stops training."""
+
+    sinks: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
+        default_factory=list,
+        description="tensorboard, mlflow and/or wandb (pip install 'ledgerlm[<sink>]').",
+    )
+    dir: str | None = Field(
+        None, description="Folder of TensorBoard and offline W&B files; default <run>/logs."
+    )
+    mlflow_uri: str | None = Field(
+        None, description="MLflow tracking URI; default MLFLOW_TRACKING_URI or MLflow's own."
+    )
+    mlflow_experiment: str = Field("ledgerlm", min_length=1)
+    wandb_project: str = Field("ledgerlm", min_length=1)
+    wandb_mode: Literal["online", "offline"] | None = Field(
+        None, description="W&B mode; default WANDB_MODE or W&B's own."
+    )
+
+
 class Recipe(_Section):
     name: str = "recipe"
     data: DataConfig = Field(default_factory=DataConfig)
@@ -655,6 +712,7 @@ class Recipe(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
 
     @field_validator("name")
     @classmethod
@@ -670,10 +728,18 @@ class Recipe(_Section):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
+    def data_stage(self) -> DataConfig:
+        """The data stage's configuration: ``[data]`` with the held-out sets of ``[eval]``."""
+        return self.data.model_copy(
+            update={"val_sources": self.eval.sources, "test_sources": self.eval.test_sources}
+        )
+
     def digest(self, *sections: str) -> str:
-        """A stable hash of the named sections (all when none are named)."""
+        """A stable hash of the named sections (all but ``[log]`` when none are named:
+        where the series are also sent changes nothing a checkpoint depends on)."""
         full = self.to_dict()
         picked = {k: full[k] for k in sections} if sections else full
+        picked = {k: v for k, v in picked.items() if sections or k != "log"}
         blob = json.dumps(picked, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
 

@@ -56,7 +56,7 @@ def prepare(
     extra += [f"data.workers={workers}"] if workers is not None else []
     from ledgerlm.data.pipeline import prepare_data
 
-    cfg = load_recipe(recipe, [*(set_ or []), *extra]).data
+    cfg = load_recipe(recipe, [*(set_ or []), *extra]).data_stage()
     with RichProgress() as progress:
         result = prepare_data(cfg, Workspace(workspace), progress)
     c = result.manifest["counts"]

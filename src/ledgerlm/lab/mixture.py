@@ -54,7 +54,7 @@ def plan_recipe(
     first, since the pools S_i are the train split's tokens per domain. A mixture
     taken from a search (``from_search``) is planned with the search's weights."""
     recipe, _ = use_search(recipe, workspace)
-    data = prepare_data(recipe.data, workspace, progress)
+    data = prepare_data(recipe.data_stage(), workspace, progress)
     tokens = build_tokens(data, recipe.tokenizer, workspace, progress)
     return plan(recipe, TokenStore(tokens.path), ranks)
 

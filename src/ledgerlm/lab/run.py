@@ -268,7 +268,7 @@ def prepare_versions(
 ) -> tuple[BuiltVersion, BuiltVersion, TokenStore]:
     """The data and tokens versions (built or reused), as ``prep`` and ``tokenize``."""
     ph = recorder.start("prep")
-    data = prepare_data(recipe.data, workspace, progress)
+    data = prepare_data(recipe.data_stage(), workspace, progress)
     ph.detail.update(version=data.version, reused=data.reused, built_seconds=data.build_seconds)
     ph = recorder.start("tokenize")
     tokens = build_tokens(data, recipe.tokenizer, workspace, progress)
@@ -306,7 +306,7 @@ def run_recipe(
             raise ValueError("extra trainer callbacks run in one process only")
         world = placed(world, recipe.train)
         check_contract(recipe, world)
-        check_inputs(recipe.data)  # a missing input writes nothing, not even the ledger
+        check_inputs(recipe.data_stage())  # a missing input writes nothing, not even the ledger
         if recipe.tokenizer.from_ is not None:
             tokenizer_file(recipe.tokenizer.from_)
         ledger = Ledger(workspace.ledger_path)

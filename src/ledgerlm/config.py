@@ -428,6 +428,14 @@ class DataConfig(_Section):
         fixed = {"val": self.val_sources, "test": self.test_sources}
         return {split: _as_inputs(specs) for split, specs in fixed.items() if specs}
 
+    def drawn_fractions(self) -> tuple[float, float]:
+        """The val and test fractions drawn from the training sources: none for a split
+        that a fixed set supplies."""
+        return (
+            0.0 if self.val_sources else self.val_fraction,
+            0.0 if self.test_sources else self.test_fraction,
+        )
+
 
 def _as_inputs(specs: list[SourceSpec]) -> list[InputConfig]:
     return [InputConfig(path=s) if isinstance(s, str) else s for s in specs]

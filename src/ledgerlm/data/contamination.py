@@ -37,7 +37,6 @@ def load_eval_sets(
     near: NearDedupConfig | None = None,
 ) -> list[EvalSet]:
     out = []
-    params = params_from_config(near) if near is not None and near.enabled else None
     for name in cfg.eval_files:
         texts, bad = [], 0
         for shard in expand_inputs([InputConfig(path=name)], base):
@@ -46,14 +45,26 @@ def load_eval_sets(
                     bad += 1
                 else:
                     texts.append(item.text)
-        grams = shingle_batch(texts, cfg.ngram).sets()
-        union = np.unique(np.concatenate(grams)) if grams else np.zeros(0, np.uint64)
-        bands = None
-        if params is not None and texts:
-            batch = shingle_batch(texts, params.shingle_words)
-            bands = band_keys(minhash_flat(batch.hashes, batch.offsets, params), params)
-        out.append(EvalSet(name, grams, union, bands, bad))
+        out.append(eval_set(name, texts, cfg, near, bad))
     return out
+
+
+def eval_set(
+    name: str,
+    texts: list[str],
+    cfg: ContaminationConfig,
+    near: NearDedupConfig | None = None,
+    quarantined: int = 0,
+) -> EvalSet:
+    """The n-grams of every example (and its LSH band keys when ``near`` is enabled)."""
+    grams = shingle_batch(texts, cfg.ngram).sets()
+    union = np.unique(np.concatenate(grams)) if grams else np.zeros(0, np.uint64)
+    bands = None
+    if near is not None and near.enabled and texts:
+        params = params_from_config(near)
+        batch = shingle_batch(texts, params.shingle_words)
+        bands = band_keys(minhash_flat(batch.hashes, batch.offsets, params), params)
+    return EvalSet(name, grams, union, bands, quarantined)
 
 
 def near_hits(evals: list[EvalSet], train_bands: np.ndarray) -> list[np.ndarray]:

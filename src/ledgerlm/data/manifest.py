@@ -8,6 +8,7 @@ files beside it; the conservation equation is checked before publishing.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pyarrow.parquet as pq
 
 from ledgerlm.config import DataConfig
 from ledgerlm.data.filters import build_filters
+from ledgerlm.data.held_out import KEYS, FixedSplit
 from ledgerlm.data.passes import SPLITS
 from ledgerlm.data.templates import TemplateStats
 from ledgerlm.workspace import SCHEMA_VERSION
@@ -55,8 +57,11 @@ def build_manifest(
     files: list[dict[str, Any]],
     drops_path: Path,
     duplicate_ids: int = 0,
+    fixed: Sequence[FixedSplit] = (),
 ) -> dict[str, Any]:
     records_in = sum(r["records_in"] for r in read)
+    val_fraction, test_fraction = cfg.drawn_fractions()
+    held = cfg.held_out_inputs()
     # compressed bytes after the last point a damaged stream was read to (a read summary
     # from a build started before this count existed has none)
     unread_bytes = sum(r.get("unread_bytes", 0) for r in read)
@@ -76,6 +81,11 @@ def build_manifest(
             by_split_domain[(split, domain)] += n
             chars[(split, domain)] += ch
     kept = sum(by_split_domain.values())
+    for f in fixed:  # the fixed held-out sets: read as given, outside the funnel
+        for domain, n in f.by_domain.items():
+            by_split_domain[(f.split, domain)] += n
+            chars[(f.split, domain)] += f.chars[domain]
+    n_fixed = sum(f.records for f in fixed)
     dropped, samples = _drops(drops_path)
     n_dropped = sum(d["documents"] for d in dropped)
     n_quarantined = sum(quarantined.values())
@@ -89,7 +99,7 @@ def build_manifest(
     for (split, _), n in by_split_domain.items():
         by_split[split] += n
     in_files = {s: sum(f["rows"] for f in files if f["split"] == s) for s in SPLITS}
-    if in_files != by_split or sum(by_split.values()) != kept:
+    if in_files != by_split or sum(by_split.values()) != kept + n_fixed:
         raise ConservationError(f"documents per split {by_split} != rows in files {in_files}")
     return {
         "schema_version": SCHEMA_VERSION,
@@ -130,9 +140,13 @@ def build_manifest(
             "test if u < val_fraction + test_fraction, else train",
             "unit": cfg.split,
             "splits": list(SPLITS),
-            "val_fraction": cfg.val_fraction,
-            "test_fraction": cfg.test_fraction,
+            "val_fraction": val_fraction,
+            "test_fraction": test_fraction,
             "seed": cfg.split_seed,
+            "fixed": {
+                f.split: {"key": KEYS[f.split], "sources": [i.path for i in held[f.split]]}
+                for f in fixed
+            },
         },
         "weights": {
             "mode": cfg.weights,
@@ -149,6 +163,7 @@ def build_manifest(
             "quarantined_by_reason": dict(sorted(quarantined.items())),
             "unread_bytes": unread_bytes,
             "duplicate_ids": duplicate_ids,
+            "fixed": {f.split: f.records for f in fixed},
             "conservation": f"{records_in} = {kept} kept + {n_dropped} dropped "
             f"+ {n_quarantined} quarantined",
             "by_split": by_split,

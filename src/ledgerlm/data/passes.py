@@ -201,7 +201,7 @@ def write_pass(
     )
 
 
-def _doc_row(doc: Document, weight: float, cluster: str, size: int) -> dict[str, Any]:
+def doc_row(doc: Document, weight: float, cluster: str, size: int) -> dict[str, Any]:
     return {
         "id": doc.id,
         "text": doc.text,
@@ -259,7 +259,7 @@ def _write(
                         drops.append(_drop(doc, "contamination", f"{n}-gram overlap", cluster))
                         continue
                 weight = float(size) if cfg.weights == "preserve" else 1.0
-                rows[split].append(_doc_row(doc, weight, cluster, size))
+                rows[split].append(doc_row(doc, weight, cluster, size))
                 counts[(split, doc.domain)] += 1
                 chars[(split, doc.domain)] += len(doc.text)
             for split, part in rows.items():

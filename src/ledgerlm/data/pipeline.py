@@ -37,6 +37,7 @@ from ledgerlm.data.contamination import (
 )
 from ledgerlm.data.dedup import NORMALIZATION, exact_keepers, group_keepers, keeper_rank
 from ledgerlm.data.executor import map_shards
+from ledgerlm.data.held_out import FixedSplit, HeldOutError, write_fixed
 from ledgerlm.data.manifest import build_manifest
 from ledgerlm.data.minhash import params_from_config
 from ledgerlm.data.passes import (
@@ -109,6 +110,8 @@ def check_inputs(cfg: DataConfig, base: Path | None = None) -> list[Shard]:
     shards = _shards(cfg, base)
     for name in cfg.contamination.eval_files:
         _shards(cfg.model_copy(update={"sources": [InputConfig(path=name)]}), base)
+    for inputs in cfg.held_out_inputs().values():
+        _shards(cfg.model_copy(update={"sources": inputs}), base)
     return shards
 
 
@@ -135,6 +138,9 @@ def data_version(
     for name in cfg.contamination.eval_files:
         for s in _shards(cfg.model_copy(update={"sources": [InputConfig(path=name)]}), base):
             evals.append({"eval": name, "fingerprint": shard_fingerprint(s, cfg.builtin)})
+    for split, held in cfg.held_out_inputs().items():
+        for s in _shards(cfg.model_copy(update={"sources": held}), base):
+            evals.append({"fixed": split, "fingerprint": shard_fingerprint(s, cfg.builtin)})
     content = [{k: i[k] for k in ("source", "format", "fingerprint")} for i in inputs]
     # how shards are executed never changes the content, nor how training samples the
     # domains, so neither is part of the id
@@ -202,7 +208,9 @@ def _build(
     with progress.task("data: dedup", total=1) as task:
         decided = _decide(cfg, shards, clean, work)
         task.advance(1)
+    fixed = _fixed_sets(cfg, base, out, progress)
     evals = load_eval_sets(cfg.contamination, base, cfg.builtin, cfg.near_dedup)
+    evals += [f.evalset for f in fixed if f.evalset is not None]
     eval_path = None
     if evals:
         eval_path = str(work / "eval-ngrams.npy")
@@ -212,7 +220,7 @@ def _build(
         write_pass,
         [(s.index, cfg, str(work), str(out), eval_path) for s in shards],
     )
-    files = _merge_outputs(shards, written, work, out)
+    files = _merge_outputs(shards, written, work, out, fixed)
     manifest = build_manifest(
         cfg=cfg,
         version=version,
@@ -225,10 +233,23 @@ def _build(
         files=files,
         drops_path=out / "drops.parquet",
         duplicate_ids=_duplicate_ids(shards, work),
+        fixed=fixed,
     )
     shutil.rmtree(work)
     atomic_write_json(out / BUILD_INFO, {"build_seconds": time.perf_counter() - start})
     atomic_write_json(out / MANIFEST, manifest)
+
+
+def _fixed_sets(cfg: DataConfig, base: Path, out: Path, progress: Progress) -> list[FixedSplit]:
+    if not cfg.held_out_inputs():
+        return []
+    with progress.task("data: fixed held-out sets", total=1) as task:
+        try:
+            fixed = write_fixed(cfg, base, out)
+        except HeldOutError as err:
+            raise DataError(str(err)) from None
+        task.advance(1)
+    return fixed
 
 
 def _duplicate_ids(shards: list[Shard], work: Path) -> int:
@@ -269,9 +290,10 @@ def _contamination(
 
 
 def _merge_outputs(
-    shards: list[Shard], written: list[dict], work: Path, out: Path
+    shards: list[Shard], written: list[dict], work: Path, out: Path, fixed: list[FixedSplit]
 ) -> list[dict[str, Any]]:
-    """One quarantine and one drops file, in shard order; the list of output shards."""
+    """One quarantine and one drops file, in shard order; the list of output shards (the
+    fixed held-out sets' shards among them)."""
     for name, parts, schema in (
         (
             "quarantine.parquet",
@@ -299,6 +321,8 @@ def _merge_outputs(
                     "sha256": file_sha256(path),
                 }
             )
+    for f in fixed:
+        files += [{**x, "sha256": file_sha256(out / x["path"])} for x in f.files]
     return sorted(files, key=lambda f: (SPLITS.index(f["split"]), f["path"]))
 
 
@@ -333,8 +357,9 @@ def _decide(cfg: DataConfig, shards: list[Shard], clean: list[dict], work: Path)
     size = np.bincount(labels, minlength=n)[labels] if n else np.zeros(0, np.int64)
     cluster_id = ids[keeper] if n else ids
     unit = {"cluster": cluster_id, "source": sources, "document": ids}[cfg.split]
+    val_fraction, test_fraction = cfg.drawn_fractions()
     split = np.array(
-        [split_of(u, cfg.val_fraction, cfg.split_seed, cfg.test_fraction) for u in unit],
+        [split_of(u, val_fraction, cfg.split_seed, test_fraction) for u in unit],
         dtype=object,
     )
     _check_held_out(cfg, split[status == "kept"], unit[status == "kept"])
@@ -389,10 +414,9 @@ def _decide(cfg: DataConfig, shards: list[Shard], clean: list[dict], work: Path)
 def _check_held_out(cfg: DataConfig, split: np.ndarray, unit: np.ndarray) -> None:
     """A held-out split that drew no document stops the build here, before any tokenizer
     or training work, naming what to change."""
-    wanted = [("val", "val_fraction", cfg.val_fraction)]
-    if cfg.test_fraction > 0:
-        wanted.append(("test", "test_fraction", cfg.test_fraction))
-    for name, key, fraction in wanted:
+    val_fraction, test_fraction = cfg.drawn_fractions()
+    wanted = [("val", "val_fraction", val_fraction), ("test", "test_fraction", test_fraction)]
+    for name, key, fraction in [w for w in wanted if w[2] > 0]:
         if len(split) and not (split == name).any():
             units = len(set(unit.tolist()))
             raise DataError(

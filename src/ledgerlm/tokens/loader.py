@@ -91,12 +91,15 @@ class PackedStream(Iterator[Batch]):
         self._doc: tuple[np.ndarray, int] | None = None
         self.identity: dict[str, Any] = {}  # what a saved state is valid for (seed, ...)
         self.domain_names: list[str] = []  # names of the domain ids, when known
+        self.trained: set[int] = set()  # ids of the domains the train split holds, when known
 
     def consumed_by_domain(self) -> dict[str, int]:
-        """Input tokens yielded so far per domain name (every known domain listed)."""
+        """Input tokens yielded so far per domain name (every domain of the train split
+        listed, a held-out-only domain not)."""
         names = self.domain_names or [str(i) for i in range(len(self.consumed))]
         counts = self.consumed + [0] * (len(names) - len(self.consumed))
-        return dict(zip(names, counts, strict=False))
+        keep = self.trained or set(range(len(names)))
+        return {n: c for i, (n, c) in enumerate(zip(names, counts, strict=False)) if i in keep}
 
     def _check_offset(self) -> None:
         if not 0 <= self._offset < len(self._current()[0]):
@@ -448,6 +451,7 @@ def train_batches(
         )
     # names only a mixture needs: a store without them reports domains by id
     stream.identity, stream.domain_names = identity, list(getattr(store, "domains", []))
+    stream.trained = {int(d) for d in np.unique(docs["domain"])}
     return stream
 
 

@@ -148,20 +148,41 @@ def test_a_missing_fixed_set_is_named_before_anything_is_written(tmp_path):
 
 
 def test_a_run_scores_the_fixed_validation_set(tmp_path):
-    texts = [" ".join(random.Random(i).choice(WORDS) for _ in range(60)) for i in range(12)]
-    val = _fixed(tmp_path, texts=texts)
+    texts = [" ".join(random.Random(i).choice(WORDS) for _ in range(60)) for i in range(11)]
+    val, train = _fixed(tmp_path, texts=[*texts, LEAK]), _train(tmp_path)
     ws = tmp_path / "ws"
-    ledgerlm("run", str(TINY), "-w", str(ws), "--set", f'eval.sources=["{val}"]',
+    ledgerlm("run", str(TINY), "-w", str(ws), "--set", f'data.sources=["{train}"]',
+             "--set", f'eval.sources=["{val}"]', "--set", "tokenizer.vocab_size=300",
              "--set", "train.max_steps=4", "--set", "eval.every_steps=2")  # fmt: skip
     (tokens,) = (ws / "tokens").iterdir()
     counts = json.loads((tokens / "manifest.json").read_text())["counts"]
     # records without a domain field get the default domain
-    assert [(c["domain"], c["documents"]) for c in counts if c["split"] == "val"] == [
-        ("default", 12)
+    assert [(c["split"], c["domain"], c["documents"]) for c in counts] == [
+        ("train", "web", 60),
+        ("val", "default", 12),
     ]
-    assert {c["domain"] for c in counts if c["split"] == "train"} == {"code", "docs", "math"}
     shown = json.loads(ledgerlm("ledger", "show", "tiny", "-w", str(ws), "--json").stdout)
     evaluations = shown["evaluations"]
     assert [e["step"] for e in evaluations] == [2, 4]
     assert all(e["metrics"]["loss/default"] == e["metrics"]["loss"] for e in evaluations)
-    assert all(set(e["consumed"]) == {"code", "docs", "math"} for e in evaluations)
+    assert all(set(e["consumed"]) == {"web"} for e in evaluations)  # trained domains only
+    (event,) = [e for e in shown["events"] if e["kind"] == "contamination"]
+    assert event["message"].startswith("1/12 examples of eval.sources overlap")
+
+
+def test_data_prepare_warns_of_a_contaminated_fixed_set(tmp_path):
+    train, val = _train(tmp_path), _fixed(tmp_path)
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(
+        f'[data]\nsources = ["{train}"]\n[data.near_dedup]\nenabled = false\n'
+        f'[eval]\nsources = ["{val}"]\n'
+    )
+    ws = str(tmp_path / "ws")
+    out = ledgerlm("data", "prepare", str(recipe), "-w", ws).stdout
+    assert "warning: 1/4 examples of eval.sources overlap the training text" in " ".join(
+        out.split()
+    )
+    (version,) = (tmp_path / "ws" / "data").iterdir()
+    shown = ledgerlm("data", "inspect", version.name, "-w", ws).stdout
+    assert f"val: fixed by eval.sources ({val})" in shown
+    assert "contamination eval.sources: 1/4 examples (25.0%)" in shown

@@ -67,6 +67,10 @@ def prepare(
             f"{c['kept']:,} kept -> {result.path}"
         )
     )
+    from ledgerlm.data.held_out import contamination_warnings
+
+    for line in contamination_warnings(result.manifest):
+        console.print(f"[yellow]warning[/]: {escape(line)}")
 
 
 @app.command("inspect")
@@ -131,6 +135,8 @@ def inspect(
                 f"examples ({f['contaminated_fraction']:.1%})"
             )
         )
+    for split, fixed in manifest["split"].get("fixed", {}).items():
+        console.print(escape(f"{split}: fixed by {fixed['key']} ({', '.join(fixed['sources'])})"))
     for row in c["by_split_domain"]:
         console.print(
             escape(

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ledgerlm.config import Recipe, recipe_from_dict, recipe_to_toml
+from ledgerlm.data.held_out import contamination_warnings
 from ledgerlm.data.pipeline import check_inputs, prepare_data
 from ledgerlm.lab.build import (
     Parts,
@@ -270,6 +271,8 @@ def prepare_versions(
     ph = recorder.start("prep")
     data = prepare_data(recipe.data_stage(), workspace, progress)
     ph.detail.update(version=data.version, reused=data.reused, built_seconds=data.build_seconds)
+    for line in contamination_warnings(data.manifest):
+        recorder.event("contamination", line)
     ph = recorder.start("tokenize")
     tokens = build_tokens(data, recipe.tokenizer, workspace, progress)
     ph.detail.update(

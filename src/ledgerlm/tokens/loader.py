@@ -369,14 +369,21 @@ def natural_shares(store: TokenStore) -> dict[str, float]:
     packed = (docs["length"] + 2) * _visits(docs["weight"])
     per = np.bincount(docs["domain"], weights=packed, minlength=len(store.domains))
     total = float(per.sum())
-    return {d: (float(per[i]) / total if total else 0.0) for i, d in enumerate(store.domains)}
+    return {d: float(per[i]) / total for i, d in _trained(store, docs)}
 
 
 def train_pools(store: TokenStore) -> dict[str, int]:
     """Each domain's unique tokens in the train split (S_i of a mixture plan)."""
     docs = store.split_docs("train")
     per = np.bincount(docs["domain"], weights=docs["length"], minlength=len(store.domains))
-    return {d: int(per[i]) for i, d in enumerate(store.domains)}
+    return {d: int(per[i]) for i, d in _trained(store, docs)}
+
+
+def _trained(store: TokenStore, docs: dict[str, np.ndarray]) -> list[tuple[int, str]]:
+    """(id, name) of the domains the train split holds documents of (a domain only a
+    held-out split has is not one training can sample)."""
+    present = set(np.unique(docs["domain"]).tolist())
+    return [(i, d) for i, d in enumerate(store.domains) if i in present]
 
 
 def _check_saved_for(identity: dict[str, Any], saved: Mapping[str, Any]) -> None:

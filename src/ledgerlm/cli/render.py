@@ -168,7 +168,7 @@ def target_contract_line(summary: dict[str, Any]) -> str:
     if c:
         line += (
             f" (unigram entropy of the {c['val_targets']:,} val targets: "
-            f"{c['val_unigram_entropy']:.3f})"
+            f"{c['val_unigram_entropy']:.3f} nat/token)"
         )
     budget = [
         f"{c['budget_tokens']:,} tokens" if c.get("budget_tokens") else "",

@@ -24,8 +24,8 @@ demo: $(VENV)/.installed
 	$(BIN)/ledgerlm demo
 
 lint: $(VENV)/.dev-installed
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/lint-imports --no-logo --no-cache
 
 # Headless Chromium + chromedriver for the report's browser test (skipped without them).

@@ -11,7 +11,6 @@ import argparse
 import ast
 import sysconfig
 from pathlib import Path
-
 from pydoc_data.topics import topics
 
 
@@ -22,9 +21,9 @@ def docstrings(folder: Path):
         except (SyntaxError, ValueError):
             continue
         for node in ast.walk(tree):
-            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef):
-                if text := ast.get_docstring(node):
-                    yield text
+            documented = isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)
+            if documented and (text := ast.get_docstring(node)):
+                yield text
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ import io
 import json
 import sys
 import time
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from rich.markup import escape
@@ -239,6 +239,43 @@ def compare(
         )
     console.print(escape(result["final_figure"]), highlight=False)
     console.print(f"[dim]rule: {escape(result['rule'])}[/]", highlight=False)
+
+
+@app.command("export")
+@friendly_errors
+def export(
+    run: Annotated[str, typer.Argument(help="Run: its id, a unique part, or 'latest'.")],
+    dest: Annotated[
+        str | None,
+        typer.Argument(
+            help="tensorboard: folder (event files go to DEST/<run id>); mlflow: tracking "
+            "URI (default: the recipe's log.mlflow_uri, else MLFLOW_TRACKING_URI); wandb: "
+            "folder for W&B's files (default: the run's log folder)."
+        ),
+    ] = None,
+    to: Annotated[
+        Literal["tensorboard", "mlflow", "wandb"],
+        typer.Option("--to", help="The sink to copy the run into."),
+    ] = "tensorboard",
+    workspace: WorkspaceOpt = DEFAULT_WS,
+    as_json: JsonOpt = False,
+) -> None:
+    """Replay a run from the ledger (recipe, every update, every evaluation) into
+    TensorBoard, MLflow or W&B: ledger export RUN --to tensorboard DIR.
+
+    Needs the sink's library: ledgerlm's extras tensorboard, mlflow and wandb install them."""
+    from ledgerlm.lab.sinks import export_run
+
+    with _open(workspace) as ledger:
+        result = export_run(ledger, Workspace(workspace), run, to, dest)
+    if as_json:
+        console.print_json(json.dumps(result))
+        return
+    line = (
+        f"{result['where']}: {result['steps']} updates and {result['evaluations']} "
+        f"evaluations of run {result['run']} ({result['status']}) in {to}"
+    )
+    console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command("export-mllog")

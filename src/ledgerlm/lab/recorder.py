@@ -4,10 +4,16 @@ through one ``LedgerRecorder`` that the trainer reports to (``train.record.Recor
 The lab also drives it for the phases around training (setup, prep, tokenize, restore,
 the final checkpoint and test), so one ``PhaseClock`` opens every phase of a process and
 each phase starts where the previous one ended: the phases cover the run's wall time.
+
+The recorder also feeds the run's sinks (``report.sinks``: TensorBoard, MLflow, W&B;
+opened by ``lab.sinks.open_sinks``): each per-update row once it is in the ledger, each
+evaluation once it is recorded. A sink that fails is written down as a ``sink_failed``
+event and dropped; training goes on.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +21,7 @@ from typing import Any
 
 from ledgerlm.ledger.clock import PhaseClock
 from ledgerlm.ledger.store import Ledger, OpenPhase
+from ledgerlm.report.sinks import SinkSet, failure_line
 from ledgerlm.train.record import Recorder
 
 
@@ -44,6 +51,7 @@ class LedgerRecorder(Recorder):
         self._flushed_at = time.monotonic()
         self._beaten: int | None = None  # id of the phase the last write beat
         self._step_began = time.perf_counter()  # when the update being made began
+        self.sinks = SinkSet(on_failure=self.sink_failed)  # none until open_sinks
 
     # -- phases -------------------------------------------------------------------------
 
@@ -108,6 +116,7 @@ class LedgerRecorder(Recorder):
             if phase is not None:
                 self.ledger.beat(phase.id, step=int(self.rows[-1]["step"]))
                 self._beaten = phase.id
+            self.sinks.log_steps(self.rows)  # what the ledger now holds, never more
         self.rows = []
         self._flushed_at = time.monotonic()
 
@@ -116,9 +125,36 @@ class LedgerRecorder(Recorder):
     def evaluation(self, record: dict[str, Any], section: Any, counters: dict[str, float]) -> None:
         self.ledger.add_evaluation(self.run_id, phase_id=section.id, **record)
         self.ledger.set_counters(self.run_id, counters)
+        self.sinks.log_evaluation(record)
 
     def counters(self, values: dict[str, float]) -> None:
         self.ledger.set_counters(self.run_id, values)
 
     def event(self, kind: str, message: str, step: int | None = None) -> None:
         self.ledger.add_event(self.run_id, kind, message, step=step)
+
+    # -- sinks --------------------------------------------------------------------------
+
+    def sink_failed(self, name: str, exc: Exception) -> None:
+        """A sink raised: one line in the ledger (the sink is dropped by ``SinkSet``)."""
+        step = self._last[0] or None
+        self.ledger.add_event(self.run_id, "sink_failed", failure_line(name, exc), step=step)
+
+    def close(self) -> None:
+        """Close the run's sinks, however the run ended: each gets the run's status in the
+        ledger, and a ``sinks`` event keeps the seconds each one cost. Never raises: it
+        runs while an error may be on its way out."""
+        sinks = self.sinks
+        if not sinks and not sinks.seconds:
+            return
+        try:
+            status = self.ledger.run_summary(self.run_id)["run"]["status"]
+        except Exception:
+            status = "failed"  # the ledger cannot say; the run did not end well
+        try:
+            sinks.close(status)
+            spent = {name: round(s, 6) for name, s in sinks.seconds.items()}
+            self.ledger.add_event(self.run_id, "sinks", json.dumps({"seconds": spent}))
+        except Exception:
+            pass  # a ledger that cannot be written: the error in flight says why
+        sinks.seconds = {}

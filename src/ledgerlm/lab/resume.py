@@ -29,6 +29,7 @@ from ledgerlm.lab.run import (
     run_lock,
     train_run,
 )
+from ledgerlm.lab.sinks import open_sinks
 from ledgerlm.ledger.store import Ledger, LedgerError
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.tokens.shards import TokenStore
@@ -99,6 +100,7 @@ def resume_run(
                 ph = recorder.start("restore", resume=True, restart=restart)
                 recipe = load_recipe(run_dir / "recipe.toml")
                 recorder.flush_every = max(1, recipe.eval.every_steps)
+                open_sinks(recorder, recipe, run_dir)  # closed by failing(), however it ends
                 world = placed(world, recipe.train)
                 check_contract(recipe, world)
                 if run["tokens_version"] is None and restart:  # it died before tokens

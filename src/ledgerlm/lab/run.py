@@ -41,6 +41,7 @@ from ledgerlm.lab.build import (
 from ledgerlm.lab.continued import BeforeAfter, InitSource, find_version, init_source
 from ledgerlm.lab.mixture import plan, use_search
 from ledgerlm.lab.recorder import LedgerRecorder
+from ledgerlm.lab.sinks import open_sinks
 from ledgerlm.ledger.mixture import PLAN_EVENT
 from ledgerlm.ledger.store import Ledger, LedgerError
 from ledgerlm.mixture.plan import MixturePlan
@@ -104,7 +105,8 @@ def run_lock(run_dir: Path) -> Iterator[None]:
 
 @contextmanager
 def failing(recorder: LedgerRecorder) -> Iterator[None]:
-    """Any error (Ctrl-C included) closes the open phase and marks the run failed."""
+    """Any error (Ctrl-C included) closes the open phase and marks the run failed; however
+    the run ends, its sinks are closed (flushed, with the run's status)."""
     try:
         yield
     except BaseException as exc:
@@ -112,6 +114,8 @@ def failing(recorder: LedgerRecorder) -> Iterator[None]:
         recorder.event("error", f"{type(exc).__name__}: {exc}")
         recorder.ledger.finish_run(recorder.run_id, "failed")
         raise
+    finally:
+        recorder.close()
 
 
 def check_contract(recipe: Recipe, world: World) -> None:
@@ -337,6 +341,7 @@ def run_recipe(
     run_dir = workspace.run_dir(run_id)
     try:
         with handoff.guard(), failing(recorder), run_lock(run_dir):
+            open_sinks(recorder, recipe, run_dir)  # rank 0 only: followers have no recorder
             atomic_write_text(run_dir / "recipe.toml", recipe_to_toml(recipe))
             data, tokens, store = prepare_versions(recorder, recipe, workspace, progress)
             handoff.send(

@@ -30,8 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ledgerlm.scaling.fit import ScalingLaw, load_epoch_chinchilla, make_grid
+from ledgerlm.scaling.fit import ScalingLaw, make_grid
 from ledgerlm.scaling.law import NAMES
+from ledgerlm.scaling.table import load_epoch_chinchilla
 from machine_load import cpu_jiffies, foreign_load
 
 ROOT = Path(__file__).resolve().parents[1]

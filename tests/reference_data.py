@@ -4,12 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from ledgerlm.scaling.fit import Points, load_epoch_chinchilla
+from ledgerlm.scaling.table import TablePoints, load_epoch_chinchilla
 
 REFERENCE_CSV = Path(__file__).resolve().parents[2] / "shared/data/chinchilla_epoch.csv"
 
 
-def reference_points() -> Points:
+def reference_points() -> TablePoints:
     """The 240 points Besiroglu et al. fit (5 highest losses dropped), or a skip."""
     if not REFERENCE_CSV.exists():
         pytest.skip(

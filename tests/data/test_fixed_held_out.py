@@ -18,7 +18,23 @@ from ledgerlm.config import DataConfig, Recipe
 from ledgerlm.data.pipeline import DataError, data_version, prepare_data
 from ledgerlm.workspace import Workspace
 
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi pi".split()
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+    "nu",
+    "xi",
+    "pi",
+]
 LEAK = "the quick brown fox jumps over the lazy dog near the quiet river bank at dawn"
 
 

@@ -1,5 +1,5 @@
 """The scaling-law estimator (SPEC S2): Huber fit on log loss, bootstrap, held-out errors,
-isoFLOP profiles, loaders; checked on synthetic laws and on Epoch AI's reconstruction of
+isoFLOP profiles; checked on synthetic laws and on Epoch AI's reconstruction of
 Hoffmann et al.'s runs (Besiroglu et al. 2024)."""
 
 from __future__ import annotations
@@ -13,13 +13,11 @@ from ledgerlm.scaling.fit import (
     huber,
     huber_objective,
     isoflop_fit,
-    load_epoch_chinchilla,
-    load_points_csv,
     make_grid,
     params_to_theta,
 )
 from ledgerlm.scaling.law import NAMES, LawParams, flops
-from reference_data import REFERENCE_CSV, reference_points
+from reference_data import reference_points
 
 # /work/main/tests/scaling/test_fit.py -> parents[3] = /work, beside the repository.
 
@@ -196,32 +194,58 @@ def test_bootstrap_warm_start_matches_cold_refits(reference, reference_fit):
 
 def test_isoflop_exponents_on_the_reference(reference, reference_fit):
     iso = isoflop_fit(*reference)
-    # 9 budgets (6e18 ... 3e21): 136 of 240 points lie within 0.05 dex of a budget, 2 of
-    # them at 3e18 (fewer than 5: no profile); every parabola has its minimum inside its
-    # sampled N range.
-    assert [round(p.level / 1e18) for p in iso.profiles] == [
-        6,
-        10,
-        30,
-        60,
-        100,
-        300,
-        600,
-        1000,
-        3000,
-    ]
-    assert sum(p.n for p in iso.profiles) == 134
-    assert all(iso.used)
-    # Measured a = 0.510. Hoffmann et al.'s Approach 2 gives 0.49 (CI 0.462-0.534);
-    # tolerances of 0.04-0.08 dex moved it within 0.510-0.516, so +-0.02 covers the
-    # binning rule, not the estimator's noise.
-    assert iso.a == pytest.approx(0.510, abs=0.02)
+    # Clustered around the densest compute values: 16 budgets of 5 or more points hold
+    # 193 of the 240 points; 47 lie between budgets (read off training curves) and are
+    # left out, under the quarter that would warn.
+    assert len(iso.profiles) == 16 and iso.grouped == 193
+    assert iso.dropped == (("not within 0.05 dex of a budget with 5 or more points", 47),)
+    assert iso.warnings == []
+    # Measured a = 0.498. Hoffmann et al.'s Approach 2 gives 0.49 (CI 0.462-0.534).
+    assert iso.a == pytest.approx(0.498, abs=0.02)
     assert iso.a + iso.b == pytest.approx(1.0, abs=1e-9)  # D_opt = C / (6 N_opt)
     # Approach 3's implied exponent beta / (alpha + beta) = 0.514 agrees.
     p = reference_fit.params_
     assert iso.a == pytest.approx(p.beta / (p.alpha + p.beta), abs=0.02)
     C = 1e21
     assert iso.N_opt(C) * iso.D_opt(C) * 6 == pytest.approx(C, rel=1e-9)
+
+
+def test_isoflop_snapped_to_hoffmanns_budgets(reference):
+    # Snapped to the published budgets {1, 3, 6} x 10^k instead: 9 budgets (6e18 ...
+    # 3e21), 136 of 240 points within 0.05 dex of one, 2 of them at 3e18 (fewer than 5).
+    levels = [m * 10.0**k for k in range(17, 23) for m in (1, 3, 6)]
+    iso = isoflop_fit(*reference, levels=levels)
+    assert [round(p.level / 1e18) for p in iso.profiles] == [
+        6, 10, 30, 60, 100, 300, 600, 1000, 3000
+    ]  # fmt: skip
+    assert iso.grouped == 134 and all(iso.used)
+    assert dict(iso.dropped) == {
+        "farther than 0.05 dex from every given level": 104,
+        "in budgets with fewer than 5 points": 2,
+    }
+    assert iso.warnings and "left out 106 of 240 points" in iso.warnings[0]
+    # tolerances of 0.04-0.08 dex moved a within 0.510-0.516
+    assert iso.a == pytest.approx(0.510, abs=0.02)
+
+
+def test_isoflop_groups_a_power_of_two_budget_grid_fully():
+    # Budgets 1.25e16 x 2^k (0.3 dex apart, off any {1, 3, 6} x 10^k grid), 7 sizes
+    # each with a little scatter in the realised compute: every point is grouped.
+    rng = np.random.default_rng(0)
+    N, D = [], []
+    for k in range(6):
+        c = 1.25e16 * 2**k
+        n_star = (TRUE.alpha * TRUE.A / (TRUE.beta * TRUE.B) * (c / 6) ** TRUE.beta) ** (
+            1 / (TRUE.alpha + TRUE.beta)
+        )
+        n = n_star * np.logspace(-0.6, 0.6, 7)
+        N += list(n)
+        D += list(c / (6 * n) * np.exp(rng.normal(0, 0.02, 7)))
+    N, D = np.array(N), np.array(D)
+    iso = isoflop_fit(N, D, TRUE.predict(N, D))
+    assert len(iso.profiles) == 6 and iso.grouped == 42 and iso.dropped == ()
+    assert [p.n for p in iso.profiles] == [7] * 6
+    assert iso.a == pytest.approx(TRUE.beta / (TRUE.alpha + TRUE.beta), abs=0.02)
 
 
 def test_isoflop_with_given_budgets_recovers_the_law_optimum():
@@ -268,29 +292,3 @@ def test_held_out_budgets(reference, reference_fit):
         seen = reference_fit.evaluate_held_out(N[held], D[held], loss[held])
         assert out.rmse_log < 1.3 * seen.rmse_log, name
 
-
-# ----------------------------------------------------------------------------- loaders
-
-
-def test_load_points_csv(tmp_path):
-    path = tmp_path / "points.csv"
-    N, D, loss = synthetic()
-    rows = np.column_stack([N, D, loss])
-    lines = ["N,D,loss,note"] + [f"{n:.17g},{d:.17g},{x:.17g},run" for n, d, x in rows]
-    path.write_text("\n".join(lines) + "\n")
-    points = load_points_csv(path)
-    np.testing.assert_array_equal(points.N, N)
-    np.testing.assert_array_equal(points.loss, loss)
-    bad = tmp_path / "bad.csv"
-    bad.write_text("N,tokens,loss\n1,2,3\n")
-    with pytest.raises(ValueError, match="missing column"):
-        load_points_csv(bad)
-
-
-def test_load_epoch_chinchilla(reference):
-    raw = load_epoch_chinchilla(REFERENCE_CSV)
-    assert len(raw.N) == 245
-    assert raw.loss.max() > 5.0 and reference.loss.max() < 3.5
-    # first row: Model Size 6795600349.289497, Training FLOP 9.993852799709755e+18
-    assert raw.N[0] == 6795600349.289497
-    assert raw.D[0] == pytest.approx(9.993852799709755e18 / (6 * 6795600349.289497), rel=1e-15)

@@ -154,6 +154,8 @@ class SweepPoints:
     N: the run's parameter count as the plan counts it; D: tokens the run consumed
     (the ledger's ``tokens`` counter, padding excluded); loss: the last evaluation's
     validation loss. ``skipped`` lists (run id, reason) for runs with no point.
+    ``N_total`` counts every parameter, the token embedding included (it differs from N
+    for an untied embedding); ``lr`` is each run's learning rate.
     """
 
     N: np.ndarray
@@ -164,6 +166,8 @@ class SweepPoints:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     rules: list[dict[str, Any]] = field(default_factory=list)
     versions: list[tuple[str | None, str | None]] = field(default_factory=list)
+    N_total: np.ndarray | None = None
+    lr: np.ndarray | None = None
 
     def __iter__(self):
         return iter((self.N, self.D, self.loss))
@@ -196,6 +200,15 @@ def _vocab(summary: dict[str, Any], workspace: Workspace | None) -> int:
     if workspace is not None and version and workspace.has_version("tokens", version):
         return int(workspace.manifest("tokens", version)["tokenizer"]["vocab_size"])
     return int(run["recipe"]["tokenizer"]["vocab_size"])
+
+
+def _embedding(summary: dict[str, Any], workspace: Workspace | None) -> int:
+    """The token-embedding parameters N leaves out: none when the embedding is tied to
+    the output head (N counts that matrix once, as the head)."""
+    model = summary["run"]["recipe"]["model"]
+    if model.get("tie_embeddings", True):
+        return 0
+    return int(model["d_model"]) * _vocab(summary, workspace)
 
 
 def run_point(
@@ -268,6 +281,7 @@ def sweep_points(
     else:
         run_ids = list(dict.fromkeys(ledger.resolve_run(r) for r in ref))
     n, d, loss, runs, skipped, rules, versions = [], [], [], [], [], [], []
+    total, lrs = [], []
     for run_id in run_ids:
         summary = ledger.run_summary(run_id)
         found = run_point(summary, workspace, metric)
@@ -277,6 +291,8 @@ def sweep_points(
         n.append(found[0])
         d.append(found[1])
         loss.append(found[2])
+        total.append(found[0] + _embedding(summary, workspace))
+        lrs.append(float(summary["run"]["recipe"]["train"]["lr"]))
         runs.append(run_id)
         event = _sweep_event(summary)
         rules.append(event["point"]["rule"] if event else {})
@@ -290,4 +306,6 @@ def sweep_points(
         skipped,
         rules,
         versions,
+        np.asarray(total, dtype=np.float64),
+        np.asarray(lrs, dtype=np.float64),
     )

@@ -162,11 +162,16 @@ def extrapolation_warning(range_: Mapping, C=None, N=None, D=None) -> str | None
     """One line naming each requested quantity outside the fitted range, and by what
     factor; None when everything asked for lies inside it.
 
-    ``range_`` is the fit's ``range_`` (min/max of N, D and C over the sweep).
-    Array arguments are checked at their extremes.
+    ``range_`` is the fit's ``range_`` (min/max of N, D, C and D/N over the sweep). With
+    both N and D, their tokens per parameter D/N is judged too: a point inside the N, D
+    and C ranges can still train far longer for its size than any fitted run. Array
+    arguments are checked at their extremes.
     """
+    ratio = None
+    if N is not None and D is not None:
+        ratio = np.asarray(D, dtype=np.float64) / np.asarray(N, dtype=np.float64)
     parts = []
-    for key, val in (("C", C), ("N", N), ("D", D)):
+    for key, val in (("C", C), ("N", N), ("D", D), ("D/N", ratio)):
         if val is None:
             continue
         b = _bounds(range_, key)
@@ -361,6 +366,45 @@ def lifecycle_optimal(
         C_total=C_train + C_inf_total,
         loss=float(params.predict(N, D)),
     )
+
+
+def lifecycle_intervals(
+    samples: np.ndarray,
+    rows: Sequence[Mapping],
+    tokens_per_request: float,
+    level: float = 0.95,
+    **kwargs,
+) -> list[dict]:
+    """Bootstrap intervals of N, D, D/N and the loss for each lifecycle row: every valid
+    sample's own lifecycle optimum at the row's R (``kwargs`` as ``lifecycle_optimal``:
+    budget or target_loss, kappa, inference_kappa). A sample with no optimum (e.g. its
+    E above a target) is left out of that row's interval and counted."""
+    S = np.asarray(samples, dtype=np.float64)
+    valid = np.all(np.isfinite(S), axis=1) & np.all(S[:, 1:] > 0, axis=1)
+    tail = 50.0 * (1.0 - level)
+    out = []
+    for row in rows:
+        got = []
+        for sample in S[valid]:
+            try:
+                plan = lifecycle_optimal(
+                    LawParams.from_array(sample),
+                    requests=row["R"],
+                    tokens_per_request=tokens_per_request,
+                    **kwargs,
+                )
+            except ValueError:
+                continue
+            if plan.D > 0:
+                got.append((plan.N, plan.D, plan.tokens_per_param, plan.loss))
+        entry: dict = {"level": level, "n_valid": len(got)}
+        if got:
+            arr = np.array(got)
+            lo, hi = np.percentile(arr, [tail, 100.0 - tail], axis=0)
+            for i, key in enumerate(("N", "D", "tokens_per_param", "loss")):
+                entry[key] = [float(lo[i]), float(hi[i])]
+        out.append(entry)
+    return out
 
 
 TABLE_COLUMNS = (

@@ -28,17 +28,15 @@ errors on held-out points, and the isoFLOP estimator ("Approach 2").
 
 from __future__ import annotations
 
-import csv
 import itertools
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 from scipy.optimize import minimize
 from threadpoolctl import threadpool_limits
 
 from ledgerlm.scaling.law import KAPPA, NAMES, LawParams, flops
+from ledgerlm.scaling.replicates import group_ids
 
 DELTA = 1e-3
 
@@ -54,14 +52,6 @@ HOFFMANN_GRID: dict[str, np.ndarray] = {
 
 # Tight L-BFGS-B settings for the full fit and the bootstrap refits.
 TIGHT = {"ftol": 1e-15, "gtol": 1e-10, "maxiter": 20_000, "maxfun": 40_000}
-
-
-class Points(NamedTuple):
-    """Observed runs: parameters N, tokens D, loss (nat/token)."""
-
-    N: np.ndarray
-    D: np.ndarray
-    loss: np.ndarray
 
 
 # ---------------------------------------------------------------------------
@@ -180,18 +170,50 @@ def _lbfgs(fun, x0, args, options) -> tuple[np.ndarray, float, int]:
 
 @dataclass(frozen=True)
 class HeldOut:
-    """Errors of a fitted law on points it did not see."""
+    """Errors of a fitted law on points it did not see.
+
+    In nat/token: ``mae``, ``rmse``, ``bias`` = mean(predicted - observed) (negative:
+    the law is optimistic, it promises a lower loss than was reached), and the largest
+    relative error |predicted - observed| / observed; in log space the RMS and maximum
+    of log L - log L_hat."""
 
     n: int
     rmse_log: float  # root mean square of log L - log L_hat
     max_abs_log: float
     max_abs_loss: float  # in nat/token
     residuals: np.ndarray  # log L - log L_hat per point
-    extrapolated: np.ndarray  # bool per point: outside the fitted range of N, D or C
+    extrapolated: np.ndarray  # bool per point: outside the fitted range of N, D, C or D/N
+    predicted: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    observed: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @property
+    def errors(self) -> np.ndarray:
+        """predicted - observed per point (nat/token)."""
+        return self.predicted - self.observed
+
+    @property
+    def mae(self) -> float:
+        return float(np.mean(np.abs(self.errors)))
+
+    @property
+    def rmse(self) -> float:
+        return float(np.sqrt(np.mean(self.errors**2)))
+
+    @property
+    def bias(self) -> float:
+        return float(np.mean(self.errors))
+
+    @property
+    def max_rel_error(self) -> float:
+        return float(np.max(np.abs(self.errors) / self.observed))
 
     def to_dict(self) -> dict:
         return {
             "n": self.n,
+            "mae": self.mae,
+            "rmse": self.rmse,
+            "bias": self.bias,
+            "max_rel_error": self.max_rel_error,
             "rmse_log": self.rmse_log,
             "max_abs_log": self.max_abs_log,
             "max_abs_loss": self.max_abs_loss,
@@ -239,8 +261,9 @@ class ScalingLaw:
 
     After ``fit``: ``params_`` (LawParams), ``theta_`` (e, a, b, alpha, beta),
     ``loss_`` (the objective at the optimum, as reduced), ``n_iter_``, ``residuals_``
-    (log L - log L_hat per point), ``n_points_`` and ``range_`` (min and max of N, D
-    and C = 6ND over the fitted points).
+    (log L - log L_hat per point), ``n_points_``, ``groups_`` (one id per point, equal
+    for points of one (N, D)) and ``range_`` (min and max of N, D, C = 6ND and the
+    tokens per parameter D/N over the fitted points).
     """
 
     def __init__(
@@ -305,11 +328,13 @@ class ScalingLaw:
         self.params_ = theta_to_params(self.theta_)
         self.residuals_ = log_loss - log_predict(self.theta_, log_N, log_D)
         self.n_points_ = int(N.size)
-        C = flops(N, D)
+        self.groups_ = group_ids(N, D)
+        C, ratio = flops(N, D), D / N
         self.range_ = {
             "N": (float(N.min()), float(N.max())),
             "D": (float(D.min()), float(D.max())),
             "C": (float(C.min()), float(C.max())),
+            "D/N": (float(ratio.min()), float(ratio.max())),
         }
         self._data = (log_N, log_D, log_loss)
         return self
@@ -324,13 +349,15 @@ class ScalingLaw:
         return self.params_.predict(N, D)
 
     def extrapolates(self, N, D) -> np.ndarray:
-        """True where (N, D) lies outside the fitted range of N, D or C = 6ND."""
+        """True where (N, D) lies outside the fitted range of N, D, C = 6ND or the tokens
+        per parameter D/N: a point inside every axis's range can still be a model trained
+        far longer (or shorter) for its size than any fitted run."""
         self._check_fitted()
         N = np.asarray(N, dtype=np.float64)
         D = np.asarray(D, dtype=np.float64)
         C = flops(N, D)
         out = np.zeros(np.broadcast(N, D).shape, dtype=bool)
-        for key, x in (("N", N), ("D", D), ("C", C)):
+        for key, x in (("N", N), ("D", D), ("C", C), ("D/N", D / N)):
             lo, hi = self.range_[key]
             out |= (x < lo) | (x > hi)
         return out
@@ -348,6 +375,8 @@ class ScalingLaw:
             max_abs_loss=float(np.max(np.abs(loss - pred))),
             residuals=r,
             extrapolated=self.extrapolates(N, D),
+            predicted=np.asarray(pred, dtype=np.float64),
+            observed=loss,
         )
 
     def score(self, N, D, loss) -> float:
@@ -355,22 +384,25 @@ class ScalingLaw:
         return -self.evaluate_held_out(N, D, loss).rmse_log
 
     def bootstrap(self, n: int = 200, seed: int = 0) -> Bootstrap:
-        """Refit on ``n`` resamples of the fitted points (with replacement).
+        """Refit on ``n`` resamples of the fitted (N, D) groups (with replacement).
 
-        Each refit starts L-BFGS-B from the full fit's optimum (no grid search) and
-        weights each point by how often it was drawn, which equals fitting the
-        resampled list.
+        A cluster bootstrap: the unit drawn is an (N, D) pair with all its rows, so
+        replicates and duplicated rows of one point never count as independent evidence
+        (with one row per (N, D) it is the ordinary bootstrap over points). Each refit
+        starts L-BFGS-B from the full fit's optimum (no grid search) and weights each
+        point by how often its group was drawn, which equals fitting the resampled list.
         """
         self._check_fitted()
         log_N, log_D, log_loss = self._data
-        m = log_N.size
+        groups = self.groups_
+        m = int(groups.max()) + 1
         rng = np.random.default_rng(seed)
         objective = self._objective()
         options = self._options()
         samples = np.empty((n, 5))
         with _one_blas_thread():
             for k in range(n):
-                counts = np.bincount(rng.integers(0, m, size=m), minlength=m)
+                counts = np.bincount(rng.integers(0, m, size=m), minlength=m)[groups]
                 keep = counts > 0
                 args = (log_N[keep], log_D[keep], log_loss[keep], self.delta, counts[keep])
                 x, _, _ = _lbfgs(objective, self.theta_, args, options)
@@ -379,59 +411,42 @@ class ScalingLaw:
 
 
 # ---------------------------------------------------------------------------
-# loaders
-
-
-def load_points_csv(path) -> Points:
-    """A CSV with columns N, D, loss (one run per row, any extra columns ignored)."""
-    path = Path(path)
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = {"N", "D", "loss"} - set(reader.fieldnames or ())
-        if missing:
-            raise ValueError(f"{path}: missing column(s) {', '.join(sorted(missing))}")
-        rows = [(float(r["N"]), float(r["D"]), float(r["loss"])) for r in reader]
-    arr = np.array(rows, dtype=np.float64).reshape(-1, 3)
-    return Points(*_as_points(arr[:, 0], arr[:, 1], arr[:, 2]))
-
-
-def load_epoch_chinchilla(path, drop_highest_loss: int = 0) -> Points:
-    """Epoch AI's reconstruction of Hoffmann et al.'s runs (Besiroglu et al. 2024).
-
-    Columns ``Model Size`` (N), ``Training FLOP`` (C) and ``loss``; tokens are
-    D = C / (6 N). ``drop_highest_loss`` removes that many highest-loss rows
-    (the replication drops 5 outliers).
-    """
-    path = Path(path)
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = {"Model Size", "Training FLOP", "loss"} - set(reader.fieldnames or ())
-        if missing:
-            raise ValueError(f"{path}: missing column(s) {', '.join(sorted(missing))}")
-        rows = [
-            (float(r["Model Size"]), float(r["Training FLOP"]), float(r["loss"])) for r in reader
-        ]
-    arr = np.array(rows, dtype=np.float64).reshape(-1, 3)
-    if drop_highest_loss:
-        keep = np.ones(len(arr), dtype=bool)
-        keep[np.argsort(-arr[:, 2], kind="stable")[:drop_highest_loss]] = False
-        arr = arr[keep]  # file order kept
-    N, C, loss = arr[:, 0], arr[:, 1], arr[:, 2]
-    return Points(*_as_points(N, C / (KAPPA * N), loss))
-
-
-# ---------------------------------------------------------------------------
 # isoFLOP profiles (Hoffmann et al.'s Approach 2)
 
-# Hoffmann et al.'s isoFLOP budgets are 6e18, 1e19, 3e19, ..., 3e21: {1, 3, 6} x 10^k.
-ISOFLOP_MANTISSAS = (1.0, 3.0, 6.0)
 
+def cluster_budgets(
+    C, tol_dex: float = 0.05, min_points: int = 5
+) -> tuple[np.ndarray, list[tuple[str, int]]]:
+    """Group compute budgets by clustering log10 C around its densest values.
 
-def isoflop_levels(C_min: float, C_max: float, mantissas=ISOFLOP_MANTISSAS) -> np.ndarray:
-    """Budgets m x 10^k (m in ``mantissas``) from one decade below C_min to one above C_max."""
-    k0 = int(np.floor(np.log10(C_min))) - 1
-    k1 = int(np.ceil(np.log10(C_max))) + 1
-    return np.array(sorted(m * 10.0**k for k in range(k0, k1 + 1) for m in mantissas))
+    Repeatedly: the window of width 2 ``tol_dex`` decades holding the most ungrouped
+    points gives a budget (the mean of its points' log10 C), and every ungrouped point
+    within ``tol_dex`` of that budget joins it; this stops when no window holds
+    ``min_points``. Points between budgets (runs read off training curves rather than
+    isoFLOP profiles) are left out rather than chained into one wide group. It needs
+    no grid: budgets of 1.25e16 x 2^k group as well as {1, 3, 6} x 10^k.
+
+    Returns a label per point (its budget's geometric-mean C; NaN when left out) and
+    the (reason, count) of the points left out."""
+    x = np.log10(np.asarray(C, dtype=np.float64))
+    labels = np.full(x.shape, np.nan)
+    free = np.ones(x.shape, dtype=bool)
+    while free.sum() >= min_points:
+        idx = np.flatnonzero(free)
+        order = np.argsort(x[idx], kind="stable")
+        xs = x[idx][order]
+        lo = np.searchsorted(xs, xs - tol_dex, side="left")
+        hi = np.searchsorted(xs, xs + tol_dex, side="right")
+        best = int(np.argmax(hi - lo))
+        if hi[best] - lo[best] < min_points:
+            break
+        centre = xs[lo[best] : hi[best]].mean()
+        members = idx[np.abs(x[idx] - centre) <= tol_dex]
+        labels[members] = 10.0 ** x[members].mean()
+        free[members] = False
+    left = int(free.sum())
+    reason = f"not within {tol_dex:g} dex of a budget with {min_points} or more points"
+    return labels, [(reason, left)] if left else []
 
 
 @dataclass(frozen=True)
@@ -462,6 +477,18 @@ class IsoFlopFit:
     profiles: tuple[IsoFlopProfile, ...]  # every group with enough points
     used: tuple[bool, ...]  # whether each profile entered the power-law fit
     rule: str  # how points were grouped into budgets
+    grouped: int = 0  # points in a profile
+    dropped: tuple[tuple[str, int], ...] = ()  # (reason, points) left out
+
+    @property
+    def warnings(self) -> list[str]:
+        """A warning when more than a quarter of the points were left out."""
+        lost = sum(n for _, n in self.dropped)
+        total = lost + self.grouped
+        if not total or lost <= total / 4:
+            return []
+        reasons = "; ".join(f"{n} {why}" for why, n in self.dropped)
+        return [f"isoFLOP grouping left out {lost} of {total} points ({reasons})"]
 
     def N_opt(self, C) -> np.ndarray:
         return self.k_N * np.asarray(C, dtype=np.float64) ** self.a
@@ -485,33 +512,41 @@ def isoflop_fit(
 
     Grouping: with ``C`` (one budget label per point, e.g. a sweep's nominal
     budgets), points with equal C form one profile and C is its budget. Without
-    it, each point's compute kappa N D is snapped to the nearest of ``levels``
-    (default: {1, 3, 6} x 10^k, Hoffmann's isoFLOP budgets) in log10, and kept
-    only within ``tol_dex`` decades of it (default 0.05, i.e. within 12%);
-    points farther from every level (runs read off training curves rather than
-    isoFLOP profiles) are left out. The profile's budget is then the geometric
-    mean of its points' kappa N D, so D_opt = C / (kappa N_opt) stays consistent
-    with the points' own D.
+    it, the points' compute kappa N D is clustered in log10 (``cluster_budgets``:
+    gaps wider than ``tol_dex`` decades separate budgets, default 0.05, i.e. 12%),
+    whatever grid the budgets were on; with ``levels``, each point is snapped to the
+    nearest level instead and kept only within ``tol_dex`` of it. The profile's
+    budget is then the geometric mean of its points' kappa N D, so D_opt = C / (kappa
+    N_opt) stays consistent with the points' own D. The result counts the points
+    grouped and those left out, by reason (``warnings`` when over a quarter are).
 
     Per profile (at least ``min_points`` points): loss = c2 (log N)^2 + c1 log N +
     c0 by least squares, N_opt = exp(-c1 / (2 c2)). Profiles with c2 <= 0 or a
     minimum outside their sampled N range are kept in ``profiles`` but not used.
     """
     N, D, loss = _as_points(N, D, loss)
-    if C is None:
+    dropped: list[tuple[str, int]] = []
+    if C is None and levels is None:
         Cp = flops(N, D, kappa)
-        lv = (
-            isoflop_levels(Cp.min(), Cp.max())
-            if levels is None
-            else np.asarray(levels, dtype=np.float64)
+        labels, dropped = cluster_budgets(Cp, tol_dex, min_points)
+        rule = (
+            f"kappa N D clustered in log10 around its densest values (within {tol_dex:g} "
+            "dex of a budget); "
+            f"{int(np.isfinite(labels).sum())} of {N.size} points grouped"
         )
+    elif C is None:
+        Cp = flops(N, D, kappa)
+        lv = np.asarray(levels, dtype=np.float64)
         dist = np.log10(Cp)[:, None] - np.log10(lv)[None, :]
         nearest = np.argmin(np.abs(dist), axis=1)
         ok = np.abs(dist[np.arange(N.size), nearest]) <= tol_dex
         labels = np.where(ok, lv[nearest], np.nan)
+        if (~ok).sum():
+            dropped.append(
+                (f"farther than {tol_dex:g} dex from every given level", int((~ok).sum()))
+            )
         rule = (
-            f"kappa N D snapped to the nearest budget in log10 within {tol_dex:g} dex "
-            f"({'{1, 3, 6} x 10^k' if levels is None else 'given levels'}); "
+            f"kappa N D snapped to the nearest given budget in log10 within {tol_dex:g} dex; "
             f"{int(ok.sum())} of {N.size} points grouped"
         )
     else:
@@ -548,6 +583,7 @@ def isoflop_fit(
         )
     if small:
         rule += f"; {small} in budgets with fewer than {min_points} points left out"
+        dropped.append((f"in budgets with fewer than {min_points} points", small))
     used = tuple(p.interior for p in profiles)
     if sum(used) < 2:
         raise ValueError(
@@ -566,4 +602,6 @@ def isoflop_fit(
         profiles=tuple(profiles),
         used=used,
         rule=rule,
+        grouped=int(sum(p.n for p in profiles)),
+        dropped=tuple(dropped),
     )

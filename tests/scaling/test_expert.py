@@ -1,0 +1,189 @@
+"""What an expert does around the fit, on synthetic laws with known answers: replicates
+and duplicates, identification diagnostics, extrapolation in tokens per parameter,
+held-out errors with their bias, and CSV tables with their own column names."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ledgerlm.scaling.diagnose import diagnose
+from ledgerlm.scaling.fit import ScalingLaw
+from ledgerlm.scaling.law import LawParams
+from ledgerlm.scaling.replicates import group_ids, reduce_replicates
+from ledgerlm.scaling.table import drop_top_loss, load_epoch_chinchilla, read_points
+from reference_data import REFERENCE_CSV, reference_points
+
+TRUE = LawParams(E=1.7, A=400.0, B=410.0, alpha=0.34, beta=0.28)
+
+
+def grid(noise=0.01, seed=0, law=TRUE):
+    """6 sizes x 5 token counts, multiplicative noise on the loss."""
+    rng = np.random.default_rng(seed)
+    N = np.repeat(np.logspace(7, 9, 6), 5)
+    D = np.tile(np.logspace(9, 11, 5), 6)
+    return N, D, law.predict(N, D) * np.exp(rng.normal(0, noise, N.size))
+
+
+# ------------------------------------------------------------------- replicates
+
+
+def test_duplicated_rows_do_not_shrink_the_intervals():
+    N, D, loss = grid()
+    once = ScalingLaw().fit(N, D, loss).bootstrap(100, seed=3)
+    twice = ScalingLaw().fit(np.r_[N, N], np.r_[D, D], np.r_[loss, loss]).bootstrap(100, seed=3)
+    # the same (N, D) groups are drawn, each weighing twice: the same refits up to the
+    # optimizer's tolerance (a bootstrap over rows would narrow them by about 1/sqrt(2))
+    for name in ("E", "alpha", "beta"):
+        (lo1, hi1), (lo2, hi2) = once.interval(name), twice.interval(name)
+        assert hi2 - lo2 == pytest.approx(hi1 - lo1, rel=0.01), name
+    reduced = reduce_replicates(np.r_[N, N], np.r_[D, D], np.r_[loss, loss], "none")
+    assert reduced.duplicates == 30 and reduced.replicated == 30
+    assert "30 row(s) repeat an earlier row exactly" in reduced.warnings()[0]
+
+
+def test_best_keeps_the_lowest_loss_of_each_learning_rate_group():
+    N, D, loss = grid()
+    # three learning rates per (N, D): the tuned one, and two that are 3% and 8% worse
+    N3, D3 = np.tile(N, 3), np.tile(D, 3)
+    L3 = np.r_[loss * 1.03, loss, loss * 1.08]
+    best = reduce_replicates(N3, D3, L3, "best")
+    np.testing.assert_array_equal(best.loss, loss)
+    np.testing.assert_array_equal(best.kept, np.arange(30, 60))
+    assert best.groups == 30 and best.replicated == 30 and best.duplicates == 0
+    assert best.note() == (
+        "90 rows, 30 distinct (N, D); 30 with several rows reduced to the lowest loss (best)"
+    )
+    mean = reduce_replicates(N3, D3, L3, "mean")
+    np.testing.assert_allclose(mean.loss, loss * (1.03 + 1 + 1.08) / 3)
+    with pytest.raises(ValueError, match="reduce must be one of"):
+        reduce_replicates(N3, D3, L3, "median")
+
+
+def test_group_ids_follow_first_appearance():
+    assert group_ids([3, 1, 3, 2], [5, 5, 5, 5]).tolist() == [0, 1, 0, 2]
+
+
+# ------------------------------------------------------------------- diagnostics
+
+
+def test_an_identified_law_and_a_degenerate_one():
+    N, D, loss = grid()
+    law = ScalingLaw().fit(N, D, loss)
+    d = diagnose(law.params_, loss.min(), law.bootstrap(100).intervals())
+    assert d.status == "identified", d.problems()
+    # no irreducible loss: E is driven to ~0 and said to be unidentified
+    N, D, loss = grid(law=LawParams(E=0.0, A=400.0, B=410.0, alpha=0.34, beta=0.28))
+    law = ScalingLaw().fit(N, D, loss)
+    d = diagnose(law.params_, loss.min(), law.bootstrap(50).intervals())
+    assert 0.05 * loss.min() > law.params_.E
+    assert d.status == "degenerate"
+    (e,) = [p for p in d.params if p.name == "E"]
+    assert e.status == "degenerate" and "irreducible loss is not identified" in e.reasons[0]
+
+
+def test_an_exponent_whose_interval_reaches_zero_is_degenerate():
+    # loss barely depends on D: beta's interval reaches 0
+    flat = LawParams(E=1.7, A=400.0, B=0.05, alpha=0.34, beta=0.05)
+    d = diagnose(flat, 1.9, {"beta": (-0.02, 0.2), "alpha": (0.3, 0.38)})
+    (beta,) = [p for p in d.params if p.name == "beta"]
+    assert beta.status == "degenerate" and "reaches 0" in beta.reasons[0]
+    assert d.status == "degenerate"
+
+
+def test_wide_intervals_and_grid_edges_are_weak():
+    p = LawParams(E=1.7, A=400.0, B=410.0, alpha=2.6, beta=0.28)
+    d = diagnose(p, 1.9, {"A": (10.0, 5000.0), "alpha": (2.0, 3.0)})
+    by = {c.name: c for c in d.params}
+    assert by["A"].status == "weakly identified" and "spans 500x" in by["A"].reasons[0]
+    assert by["alpha"].status == "weakly identified"
+    assert "above the search grid (alpha in [0, 2], got 2.6)" in by["alpha"].reasons[0]
+    assert by["B"].status == "identified" and d.status == "weakly identified"
+
+
+# ------------------------------------------------------------------- extrapolation
+
+
+def test_an_over_trained_point_inside_every_axis_range_is_flagged():
+    # fitted runs all train 20-40 tokens per parameter, over a wide range of N and D
+    N = np.logspace(7, 9, 12)
+    D = N * np.tile([20.0, 40.0], 6)
+    law = ScalingLaw().fit(N, D, TRUE.predict(N, D))
+    lo, hi = law.range_["D/N"]
+    assert lo == pytest.approx(20.0) and hi == pytest.approx(40.0)
+    # N = 1e7 with D = 2e10: both inside their ranges, C too, but 2000 tokens a parameter
+    n, d = 1e7, 2e10
+    assert law.range_["N"][0] <= n <= law.range_["N"][1]
+    assert law.range_["D"][0] <= d <= law.range_["D"][1]
+    assert law.range_["C"][0] <= 6 * n * d <= law.range_["C"][1]
+    assert law.extrapolates(n, d)
+    assert not law.extrapolates(1e8, 3e9)  # 30 tokens a parameter: inside
+
+
+# ------------------------------------------------------------------- held-out errors
+
+
+def test_held_out_errors_name_the_bias():
+    N, D, loss = grid(noise=0.0)
+    law = ScalingLaw().fit(N, D, loss)
+    observed = loss[:4] + np.array([0.1, 0.2, 0.3, 0.2])  # reached worse than promised
+    out = law.evaluate_held_out(N[:4], D[:4], observed)
+    assert out.bias == pytest.approx(-0.2, abs=1e-6)  # optimistic by 0.2 nat
+    assert out.mae == pytest.approx(0.2, abs=1e-6)
+    assert out.rmse == pytest.approx(np.sqrt(np.mean(np.array([0.1, 0.2, 0.3, 0.2]) ** 2)))
+    assert out.max_rel_error == pytest.approx(np.max(np.abs(out.errors) / observed))
+    assert set(out.to_dict()) >= {"mae", "rmse", "bias", "max_rel_error"}
+
+
+# ------------------------------------------------------------------- tables
+
+
+def test_columns_of_ones_own_naming(tmp_path):
+    path = tmp_path / "runs.csv"
+    path.write_text("params,flops,val_loss,learning_rate\n1e8,6e18,3.1,0.001\n2e8,6e18,3.0,0.002\n")
+    t = read_points(path)
+    assert t.columns == {"N": "params", "D": "flops / (6 N)", "loss": "val_loss",
+                         "lr": "learning_rate"}  # fmt: skip
+    np.testing.assert_allclose(t.D, [1e10, 5e9])
+    assert t.lr.tolist() == [0.001, 0.002] and t.lines.tolist() == [2, 3]
+    named = tmp_path / "named.csv"
+    named.write_text("size,seen,final\n1e8,2e9,3.1\n")
+    t = read_points(named, n_col="size", d_col="seen", loss_col="final")
+    assert (t.N[0], t.D[0], t.loss[0]) == (1e8, 2e9, 3.1)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("N,D,loss\n1e8,2e9,3.1\n1e8,nan,3.0\n", r"runs.csv:3: column 'D': 'nan'"),
+        ("N,D,loss\n1e8,2e9,-1\n", r"runs.csv:2: column 'loss': '-1'"),
+        ("N,D,loss\n1e8,,3\n", r"runs.csv:2: column 'D': ''"),
+        ("size,D,loss\n1e8,2e9,3\n", r"missing column\(s\) for N \(N or n or params"),
+        ("N,loss\n1e8,3\n", r"missing column\(s\) for D or C"),
+        ("N,D,loss\n", r"runs.csv: no rows"),
+    ],
+)
+def test_bad_tables_name_the_file_line_and_column(tmp_path, text, message):
+    (tmp_path / "runs.csv").write_text(text)
+    with pytest.raises(ValueError, match=message):
+        read_points(tmp_path / "runs.csv")
+
+
+def test_a_named_column_that_is_absent(tmp_path):
+    (tmp_path / "runs.csv").write_text("N,D,loss\n1e8,2e9,3\n")
+    with pytest.raises(ValueError, match="no column 'lr' for lr"):
+        read_points(tmp_path / "runs.csv", lr_col="lr")
+
+
+def test_epochs_chinchilla_table_reads_as_it_is():
+    reference = reference_points()
+    raw = read_points(REFERENCE_CSV)  # its own column names, recognised
+    assert len(raw.N) == 245 and raw.columns["N"] == "Model Size"
+    assert raw.columns["D"] == "Training FLOP / (6 N)"
+    # first row: Model Size 6795600349.289497, Training FLOP 9.993852799709755e+18
+    assert raw.N[0] == 6795600349.289497
+    assert raw.D[0] == pytest.approx(9.993852799709755e18 / (6 * 6795600349.289497), rel=1e-15)
+    assert raw.loss.max() > 5.0 and reference.loss.max() < 3.5
+    trimmed = drop_top_loss(raw, 5)
+    np.testing.assert_array_equal(trimmed.N, reference.N)
+    np.testing.assert_array_equal(load_epoch_chinchilla(REFERENCE_CSV).loss, raw.loss)

@@ -1,29 +1,80 @@
-"""Shared by the HTML report tests: parsing inline SVG, and a headless Chromium."""
+"""Shared by the HTML report tests: reading plotly figures back from a page, and a
+headless Chromium that draws them."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
-import xml.etree.ElementTree as ET
+import time
+from typing import Any
 
 import pytest
 
-SVG = "{http://www.w3.org/2000/svg}"
+FIGURE = re.compile(
+    r'<script type="application/json" class="figure-spec" data-figure="([a-z0-9-]+)">'
+    r"(.*?)</script>",
+    flags=re.S,
+)
+# Axis titles that are a count: the count is the unit.
+COUNTS = {"tokens", "optimizer updates", "learning rate", "run", "parameters N"}
 
 
-def svgs(page: str) -> list[ET.Element]:
-    """Every inline SVG, parsed as XML (which also proves each one is well formed)."""
-    return [ET.fromstring(m) for m in re.findall(r"<svg\b.*?</svg>", page, flags=re.S)]
+def figure_blocks(page: str) -> dict[str, str]:
+    """Each figure's JSON block as written in the page, by figure name, in page order."""
+    blocks = dict(FIGURE.findall(page))
+    assert len(blocks) == len(FIGURE.findall(page)), "two figures share a name"
+    return blocks
 
 
-def by_class(root: ET.Element, cls: str) -> list[ET.Element]:
-    return [el for el in root.iter() if cls in (el.get("class") or "").split()]
+def figures(page: str) -> dict[str, dict[str, Any]]:
+    """Each figure's spec (data, layout, config), by name, in page order; each has the
+    ``<div>`` plotly draws it into."""
+    out = {name: json.loads(text) for name, text in figure_blocks(page).items()}
+    for name in out:
+        assert f'<div class="figure" id="figure-{name}" data-figure="{name}"></div>' in page
+    return out
+
+
+def traces(spec: dict[str, Any], role: str) -> list[dict[str, Any]]:
+    return [tr for tr in spec["data"] if (tr.get("meta") or {}).get("role") == role]
+
+
+def axis_titles(spec: dict[str, Any]) -> dict[str, str]:
+    """``{"xaxis": title, "yaxis": title, ...}`` of a figure."""
+    lay = spec["layout"]
+    return {
+        key: ((lay[key].get("title") or {}).get("text") or "")
+        for key in sorted(lay)
+        if re.fullmatch(r"[xy]axis\d*", key)
+    }
+
+
+def has_unit(title: str) -> bool:
+    """A quantity with its unit in parentheses, or a count."""
+    return bool(re.search(r"\([^()]+\)", title)) or title in COUNTS
+
+
+def plotlyjs() -> str:
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs()
+
+
+def without_plotlyjs(page: str) -> str:
+    """The page with the inlined plotly.js taken out (its tag stays): what the report
+    itself wrote."""
+    js = plotlyjs()
+    assert page.count(js) == 1, "plotly.js is not inlined exactly once"
+    return page.replace(js, "")
 
 
 def headless_chromium():
     """A headless Chromium driven by chromedriver, or a skip that says what is missing.
 
-    The browser log ("goog:loggingPrefs") is on, so a test can read the console."""
+    The browser log ("goog:loggingPrefs") is on, so a test can read the console, and
+    ``window.alert`` is replaced before any page script runs, so a test can see
+    (``alerts``) whether a page tried to raise one."""
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
@@ -45,9 +96,56 @@ def headless_chromium():
         options.add_argument(arg)
     options.add_argument("--window-size=1280,1000")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
+    driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
+    driver.execute_cdp_cmd(
+        "Page.addScriptToEvaluateOnNewDocument",
+        {"source": "window.__alerts = []; window.alert = m => window.__alerts.push(String(m));"},
+    )
+    return driver
 
 
 def console_errors(driver) -> list[dict]:
     """Errors on the browser console since the last read (reading clears the log)."""
     return [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+
+
+def alerts(driver) -> list[str]:
+    return driver.execute_script("return window.__alerts")
+
+
+# Per plotly graph on the page: its figure name, box, how many traces it has and how
+# many plotly drew (a non-empty group in the plot's SVG), the legend and axis titles as
+# shown, and per scatter trace (in data order) its role and drawn markers.
+_DRAWN = """
+return Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => {
+  const r = gd.getBoundingClientRect();
+  const visible = el => {
+    const b = el.getBoundingClientRect(); return b.width > 0 || b.height > 0; };
+  const groups = Array.from(gd.querySelectorAll('.cartesianlayer g.trace'));
+  const scatter = Array.from(gd.querySelectorAll('.scatterlayer g.trace'));
+  const text = sel => Array.from(gd.querySelectorAll(sel)).map(el => el.textContent);
+  return {
+    name: gd.dataset.figure, w: r.width, h: r.height,
+    svgs: gd.querySelectorAll('.main-svg').length,
+    traces: gd.data.length, drawn: groups.filter(visible).length,
+    lines: gd.querySelectorAll('.scatterlayer path.js-line').length,
+    scatter: gd._fullData.filter(t => t.type === 'scatter').map((t, k) => ({
+      role: t.meta ? t.meta.role : null,
+      points: scatter[k] ? scatter[k].querySelectorAll('path.point').length : -1})),
+    legend: text('.legendtext'), xtitle: text('.g-xtitle'), ytitle: text('.g-ytitle'),
+    buttons: text('.updatemenu-button'),
+  };
+});
+"""
+
+
+def drawn_figures(driver, expected: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """What plotly drew (see ``_DRAWN``), once ``expected`` graphs have their SVG."""
+    deadline = time.monotonic() + timeout
+    script = (
+        "return Array.from(document.querySelectorAll('.js-plotly-plot'))"
+        ".filter(gd => gd._fullLayout && gd.querySelector('.main-svg')).length"
+    )
+    while driver.execute_script(script) < expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return driver.execute_script(_DRAWN)

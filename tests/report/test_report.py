@@ -1,9 +1,14 @@
-"""The HTML report: escaping, curves, target line, confirming marks, phase bars, browser."""
+"""The HTML run report: escaping, validation curves, target line, confirming marks,
+per-update panels (smoothing, throughput), legend labels, units, log-y switches, phase
+bars, size, and a real browser."""
 
 from __future__ import annotations
 
 import html
+import json
 import math
+import re
+import time
 from functools import partial
 from pathlib import Path
 
@@ -12,35 +17,86 @@ import pytest
 from cli_runner import ledgerlm
 from ledgerlm.ledger import Ledger
 from ledgerlm.ledger.compare import NO_TEST, RULE
-from ledgerlm.report.run_report import eval_seconds, nice_ticks, render_report
+from ledgerlm.report.run_report import (
+    MAX_POINTS,
+    SMOOTHING,
+    ema,
+    eval_seconds,
+    recipe_labels,
+    render_report,
+    thin,
+    tokens_per_second,
+)
 from ledgerlm.workspace import Workspace
-from report_helpers import SVG, by_class, console_errors, headless_chromium, svgs
-from seed_ledger import seed_run
+from report_helpers import (
+    alerts,
+    axis_titles,
+    console_errors,
+    drawn_figures,
+    figure_blocks,
+    figures,
+    has_unit,
+    headless_chromium,
+    plotlyjs,
+    traces,
+    without_plotlyjs,
+)
+from seed_ledger import TARGETS_PER_STEP, TOKENS_PER_STEP, seed_run
 
 EVIL = "<script>alert(1)</script>"
+VALIDATION = ["val-seconds", "val-tokens", "val-updates"]
+PER_UPDATE = ["train-loss", "lr", "grad-norm", "throughput"]
+
+
+def esc(text: str) -> str:
+    """How ledger text is written into plotly text: ``<``, ``>``, ``&`` as entities."""
+    return html.escape(text, quote=False)
+
+
+def update_rows(n: int, sec_per_step: float) -> list[dict]:
+    """Per-update rows: a noisy falling loss, a warmup, and every 10th row without its
+    wall seconds (an update whose time was not measured)."""
+    return [
+        {
+            "step": s,
+            "tokens": TOKENS_PER_STEP,
+            "targets": TARGETS_PER_STEP,
+            "loss": 3.0 + 4.0 / math.sqrt(s) + (0.1 if s % 2 else -0.1),
+            "grad_norm": 1.0 + 0.5 * (s % 3),
+            "lr": 1e-3 * min(1.0, s / 100),
+            "seconds": None if s % 10 == 0 else sec_per_step,
+        }
+        for s in range(1, n + 1)
+    ]
 
 
 @pytest.fixture(scope="module")
 def ledger_ws(tmp_path_factory) -> tuple[Path, list[str]]:
     """A workspace whose ledger holds A, D (SPEC T4), a run that never reaches the target
     and a run named like a script, with a recipe value that is markup too; each run ends
-    with a checkpoint phase."""
+    with a checkpoint phase and has its per-update rows."""
     ws = tmp_path_factory.mktemp("report")
     base = {"data": {"domain": "web"}, "train": {"seed": 0, "lr": 1e-3}}
     with Ledger(Workspace(ws).ledger_path) as led:
         run = partial(seed_run, led, checkpoint=True)
-        ids = [
-            run("a", base, steps=2000, sec_per_step=1.0, cross_step=2000),
-            run("d", base, steps=2000, sec_per_step=0.9, cross_step=1200, prep=300),
-            run("slow", base, steps=1000, sec_per_step=1.0, cross_step=5000),
-            run(
+        specs = [
+            ("a", base, 2000, 1.0, 2000),
+            ("d", base, 2000, 0.9, 1200),
+            ("slow", base, 1000, 1.0, 5000),
+            (
                 EVIL,
                 {"data": {"domain": "<img src=x onerror=alert(2)>"}, "train": {"seed": 1}},
-                steps=1500,
-                sec_per_step=0.5,
-                cross_step=1000,
+                1500,
+                0.5,
+                1000,
             ),
         ]
+        ids = []
+        for name, recipe, steps, sec, cross in specs:
+            prep = 300 if name == "d" else 0.0
+            run_id = run(name, recipe, steps=steps, sec_per_step=sec, cross_step=cross, prep=prep)
+            led.add_steps(run_id, update_rows(steps, sec))
+            ids.append(run_id)
     return ws, ids
 
 
@@ -52,59 +108,101 @@ def summaries(ledger_ws) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def page(summaries) -> str:
-    return render_report(summaries)
+def steps(ledger_ws) -> dict[str, list[dict]]:
+    ws, ids = ledger_ws
+    with Ledger(Workspace(ws).ledger_path) as led:
+        return {r: led.steps(r) for r in ids}
 
 
-def test_text_from_the_ledger_is_escaped(page: str, summaries) -> None:
+@pytest.fixture(scope="module")
+def page(summaries, steps) -> str:
+    return render_report(summaries, steps)
+
+
+@pytest.fixture(scope="module")
+def specs(page) -> dict[str, dict]:
+    return figures(page)
+
+
+def ids_of(summaries) -> list[str]:
+    return [s["run"]["id"] for s in summaries]
+
+
+# ----------------------------------------------------------------------------- escaping
+
+
+def test_text_from_the_ledger_is_escaped(page: str, specs, summaries) -> None:
     evil_id = summaries[3]["run"]["id"]
     assert evil_id.startswith(EVIL)
-    assert "<script" not in page.lower()  # the page has no scripts at all
-    assert "<img" not in page
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
-    assert "&lt;img src=x onerror=alert(2)&gt;" in page  # in the comparison's recipe diff
-    # In attributes too: the series of that run carries its id, escaped, as data-run.
-    line = svgs(page)[0]
-    assert evil_id in [g.get("data-run") for g in by_class(line, "series")]
+    own = without_plotlyjs(page)
+    # The only scripts are the report's: plotly.js, one JSON block per figure (a data
+    # block no browser runs) and the drawing script.
+    tags = own.split("<script")[1:]
+    assert len(tags) == 2 + len(specs)
+    assert sum(t.startswith(' type="application/json" class="figure-spec"') for t in tags) == len(
+        specs
+    )
+    assert "<img" not in own
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in own  # in the run list and the table
+    assert "&lt;img src=x onerror=alert(2)&gt;" in own  # in the comparison's recipe diff
+    # No JSON block holds a raw <, > or &: no string can end its <script> element.
+    for text in figure_blocks(page).values():
+        assert not {"<", ">", "&"} & set(text)
+    # In plotly text the run id and its recipe value are entities, shown verbatim.
+    (series,) = [tr for tr in traces(specs["val-tokens"], "series") if tr["meta"]["run"]
+                 == esc(evil_id)]  # fmt: skip
+    assert series["name"] == esc("data.domain=<img src=x onerror=alert(2)>, train.seed=1, "
+                                 "train.lr=unset")  # fmt: skip
+    assert "%{meta.run}" in series["hovertemplate"]  # ledger text is never in a template
+    for spec in specs.values():
+        for tr in spec["data"]:
+            assert EVIL not in tr.get("hovertemplate", "")
+    assert esc(evil_id) in specs["phases"]["data"][0]["y"]
 
 
-def test_one_series_per_run_on_each_loss_chart(page: str, summaries) -> None:
-    charts = svgs(page)
-    assert [c.get("data-axis") for c in charts] == ["seconds", "tokens", "updates", "phases"]
-    ids = [s["run"]["id"] for s in summaries]
-    for chart in charts[:3]:
-        series = by_class(chart, "series")
-        assert [g.get("data-run") for g in series] == ids
-        for g, s in zip(series, summaries, strict=True):
-            assert len(g.findall(f"{SVG}circle")) == len(s["evaluations"])
-            assert g.find(f"{SVG}polyline") is not None
+# ----------------------------------------------------------------------------- validation
 
 
-def test_target_line_on_each_loss_chart(page: str) -> None:
-    for chart in svgs(page)[:3]:
-        (target,) = by_class(chart, "target")
-        line = target.find(f"{SVG}line")
-        assert line.get("y1") == line.get("y2")
-        assert "".join(target.find(f"{SVG}text").itertext()) == "target 3"
-        # The line sits where a point of loss exactly 3.0 sits: A confirms at 3.0.
-        a_points = by_class(chart, "series")[0].findall(f"{SVG}circle")
-        assert a_points[-1].get("cy") == line.get("y1")
+def test_one_series_per_run_on_each_loss_chart(specs, summaries) -> None:
+    assert list(specs) == [*VALIDATION, *PER_UPDATE, "phases"]  # no bpb measured
+    for name in VALIDATION:
+        series = traces(specs[name], "series")
+        assert [tr["meta"]["run"] for tr in series] == [esc(i) for i in ids_of(summaries)]
+        for tr, s in zip(series, summaries, strict=True):
+            assert tr["mode"] == "lines+markers"
+            assert len([y for y in tr["y"] if y is not None]) == len(s["evaluations"])
+            assert "%{meta.run}" in tr["hovertemplate"]  # the run id on hover
+    seconds = traces(specs["val-seconds"], "series")
+    assert [tr["x"] for tr in seconds] == [eval_seconds(s) for s in summaries]
+    tokens = traces(specs["val-tokens"], "series")[0]
+    assert tokens["x"] == [e["tokens"] for e in summaries[0]["evaluations"]]
 
 
-def test_confirming_evaluation_is_marked(page: str, summaries) -> None:
-    ids = [s["run"]["id"] for s in summaries]
+def test_target_line_on_each_loss_chart(specs) -> None:
+    for name in VALIDATION:
+        (target,) = specs[name]["layout"]["shapes"]
+        assert target["y0"] == target["y1"] == 3.0
+        assert (target["xref"], target["x0"], target["x1"]) == ("paper", 0, 1)
+        assert target["line"]["dash"] == "dash"
+        assert target["label"]["text"] == "target 3"
+        # A confirms at exactly 3.0: its last point sits on the line.
+        assert traces(specs[name], "series")[0]["y"][-1] == target["y0"]
+
+
+def test_confirming_evaluation_is_marked(specs, summaries) -> None:
+    ids = ids_of(summaries)
     expected_index = {ids[0]: 3, ids[1]: 2, ids[3]: 1}  # A at 2000, D at 1500, evil at 1000
-    for chart in svgs(page)[:3]:
-        marks = by_class(chart, "confirm")
-        assert [m.get("data-run") for m in marks] == [ids[0], ids[1], ids[3]]  # not "slow"
-        series = {g.get("data-run"): g for g in by_class(chart, "series")}
-        for mark in marks:
-            ring = mark.find(f"{SVG}circle")
-            point = series[mark.get("data-run")].findall(f"{SVG}circle")[
-                expected_index[mark.get("data-run")]
-            ]
-            assert (ring.get("cx"), ring.get("cy")) == (point.get("cx"), point.get("cy"))
-            assert "target confirmed at step" in "".join(mark.find(f"{SVG}title").itertext())
+    for name in VALIDATION:
+        marks = traces(specs[name], "confirm")
+        assert [m["meta"]["run"] for m in marks] == [esc(ids[i]) for i in (0, 1, 3)]
+        series = {tr["meta"]["run"]: tr for tr in traces(specs[name], "series")}
+        for mark, run_id in zip(marks, (ids[0], ids[1], ids[3]), strict=True):
+            point = expected_index[run_id]
+            line = series[esc(run_id)]
+            assert (mark["x"], mark["y"]) == ([line["x"][point]], [line["y"][point]])
+            assert mark["marker"]["symbol"] == "circle-open"
+            assert "target confirmed at step" in mark["hovertext"][0]
+            assert mark["legendgroup"] == line["legendgroup"]  # hidden with its run
 
 
 def test_time_axis_is_the_ledger_sum_that_time_to_target_is_made_of(summaries) -> None:
@@ -114,16 +212,258 @@ def test_time_axis_is_the_ledger_sum_that_time_to_target_is_made_of(summaries) -
     assert eval_seconds(d)[2] == pytest.approx(d["time_to_target"]["seconds"])
 
 
-def test_phase_bars(page: str, summaries) -> None:
-    bars = svgs(page)[3]
-    groups = by_class(bars, "bar")
-    assert [g.get("data-run") for g in groups] == [s["run"]["id"] for s in summaries]
-    d_kinds = [r.get("data-phase") for r in by_class(groups[1], "phase")]
+def test_bits_per_byte_when_measured(summaries, steps) -> None:
+    measured = [
+        {
+            **s,
+            "evaluations": [
+                {**e, "metrics": {**e["metrics"], "bpb": 1.0 + i / 10}}
+                for i, e in enumerate(s["evaluations"])
+            ],
+        }
+        for s in summaries[:2]
+    ]
+    specs = figures(render_report(measured, steps))
+    assert list(specs) == [*VALIDATION, "bpb-tokens", *PER_UPDATE, "phases"]
+    bpb = specs["bpb-tokens"]
+    assert axis_titles(bpb) == {"xaxis": "tokens", "yaxis": "bits per byte (bit/byte)"}
+    (first, _) = traces(bpb, "series")
+    assert first["y"] == [1.0, 1.1, 1.2, 1.3]
+    assert first["x"] == [e["tokens"] for e in summaries[0]["evaluations"]]
+    assert "bit/byte" in first["meta"]["unit"]
+
+
+# ----------------------------------------------------------------------------- per update
+
+
+def test_ema_matches_known_values() -> None:
+    # m1 = 0.5, m2 = 1.25, m3 = 2.125 over debias 0.5, 0.75, 0.875
+    assert ema([1.0, 2.0, 3.0], 0.5) == pytest.approx([1.0, 5 / 3, 17 / 7])
+    assert ema([1.0, None, math.nan, 3.0], 0.5) == pytest.approx([1.0, None, None, 7 / 3])
+    assert ema([2.0] * 50, 0.9) == pytest.approx([2.0] * 50)  # debiased: no ramp from 0
+    assert ema([4.0, 0.0, 8.0], 0.0) == [4.0, 0.0, 8.0]  # no smoothing
+    # TensorBoard's recurrence written out, weight 0.9
+    values, last, out = [5.0, 3.0, 4.0, 1.0, 2.0], 0.0, []
+    for k, v in enumerate(values, 1):
+        last = 0.9 * last + 0.1 * v
+        out.append(last / (1 - 0.9**k))
+    assert ema(values) == pytest.approx(out)
+    assert SMOOTHING == 0.9
+    with pytest.raises(ValueError, match="smoothing weight"):
+        ema([1.0], 1.0)
+
+
+def test_tokens_per_second_skips_rows_without_seconds() -> None:
+    rows = [
+        {"step": 1, "tokens": 4096, "seconds": 2.0},
+        {"step": 2, "tokens": 4096, "seconds": None},
+        {"step": 3, "tokens": 1000, "seconds": 0.5},
+        {"step": 4, "tokens": 1000, "seconds": 0.0},
+        {"step": 5, "tokens": 300},
+    ]
+    assert tokens_per_second(rows) == ([1, 3], [2048.0, 2000.0])
+
+
+def test_training_loss_raw_and_smoothed(specs, summaries, steps) -> None:
+    spec = specs["train-loss"]
+    raw, smoothed = traces(spec, "raw"), traces(spec, "smoothed")
+    assert [tr["meta"]["run"] for tr in smoothed] == [esc(i) for i in ids_of(summaries)]
+    rows = steps[summaries[0]["run"]["id"]]
+    assert raw[0]["x"] == smoothed[0]["x"] == [r["step"] for r in rows]
+    assert raw[0]["y"] == pytest.approx([r["loss"] for r in rows], rel=1e-5)
+    assert smoothed[0]["y"] == pytest.approx(ema([r["loss"] for r in rows]), rel=1e-5)
+    assert raw[0]["opacity"] < 1 and "opacity" not in smoothed[0]  # faint raw line
+    assert raw[0]["showlegend"] is False  # one legend entry per run, hiding both lines
+    assert raw[0]["legendgroup"] == smoothed[0]["legendgroup"]
+    # The smoothing damps the +-0.1 alternation of the raw loss.
+    tail = slice(1000, 1100)
+    assert max(raw[0]["y"][tail]) - min(raw[0]["y"][tail]) > 0.19
+    assert max(smoothed[0]["y"][tail]) - min(smoothed[0]["y"][tail]) < 0.05
+
+
+def test_learning_rate_grad_norm_and_throughput(specs, summaries, steps) -> None:
+    rows = steps[summaries[1]["run"]["id"]]  # D: 0.9 s per update
+    (_, lr, _, _) = traces(specs["lr"], "value")
+    assert lr["y"] == pytest.approx([r["lr"] for r in rows])
+    grad = traces(specs["grad-norm"], "raw")[1]
+    assert grad["y"] == pytest.approx([r["grad_norm"] for r in rows])
+    tput = traces(specs["throughput"], "raw")[1]
+    assert tput["x"] == [r["step"] for r in rows if r["step"] % 10]  # no seconds: no point
+    assert tput["y"] == pytest.approx([TOKENS_PER_STEP / 0.9] * len(tput["x"]), rel=1e-5)
+    assert len(traces(specs["throughput"], "smoothed")) == len(summaries)
+
+
+def test_per_update_panels_need_rows(summaries) -> None:
+    specs = figures(page := render_report(summaries))
+    assert list(specs) == [*VALIDATION, "phases"]
+    assert "No per-update rows were given for these runs." in page
+
+
+def test_long_runs_are_thinned_and_the_page_stays_small(summaries) -> None:
+    n = 20_000
+    run_id = summaries[0]["run"]["id"]
+    long = render_report(summaries[:1], {run_id: update_rows(n, 0.25)})
+    spec = figures(long)["train-loss"]
+    raw, smoothed = traces(spec, "raw")[0], traces(spec, "smoothed")[0]
+    assert len(raw["x"]) == MAX_POINTS and raw["x"][0] == 1 and raw["x"][-1] == n
+    # The average runs over every update, not only over those drawn.
+    full = ema([r["loss"] for r in update_rows(n, 0.25)])
+    assert smoothed["y"] == pytest.approx([full[i] for i in thin(n)], rel=1e-5)
+    assert f"more than {MAX_POINTS:,} updates" in long
+    own = len(long.encode()) - len(plotlyjs().encode())
+    assert own < 1_000_000, own  # plotly.js (~4.8 MB) plus under 1 MB of report
+    assert thin(5, 10) == [0, 1, 2, 3, 4]
+    assert thin(101, 11) == list(range(0, 101, 10))
+
+
+def test_report_size_is_reasonable(page: str) -> None:
+    size = len(page.encode())
+    own = size - len(plotlyjs().encode())
+    # 4 runs, 6,500 updates: the figures' data is a fraction of the inlined plotly.js.
+    assert own < 1_000_000, own
+    assert size < 6_000_000, size
+
+
+# ----------------------------------------------------------------------------- legends
+
+
+def summary(name: str, recipe: dict, run_id: str | None = None) -> dict:
+    return {"run": {"id": run_id or f"{name}-20250101-000000-abcd", "name": name, "recipe": recipe}}
+
+
+def test_recipe_labels_name_what_differs() -> None:
+    lr = [summary("a", {"train": {"lr": v}, "model": {"d_model": 64}}) for v in (0.01, 0.02)]
+    assert recipe_labels(lr) == ["train.lr=0.01", "train.lr=0.02"]
+    both = [
+        summary("a", {"name": "x", "train": {"lr": 0.01}, "model": {"d_model": 64}}),
+        summary("b", {"name": "y", "train": {"lr": 0.02}, "model": {"d_model": 128}}),
+    ]
+    # the recipe name is left out when keys that matter differ
+    assert recipe_labels(both) == ["train.lr=0.01, model.d_model=64",
+                                   "train.lr=0.02, model.d_model=128"]  # fmt: skip
+    named = [summary(n, {"name": n, "train": {"lr": 0.01}}) for n in ("base", "wide")]
+    assert recipe_labels(named) == ["name=base", "name=wide"]
+    # nothing differs (where a run logs does not count): the run's name, else its id
+    logs = [summary(n, {"train": {"lr": 0.01}, "log": {"dir": n}}) for n in ("p", "q")]
+    assert recipe_labels(logs) == ["p", "q"]
+    same = [summary("tiny", {"train": {"lr": 0.01}}, f"tiny-{i}") for i in range(2)]
+    assert recipe_labels(same) == ["tiny-0", "tiny-1"]
+    assert recipe_labels(same[:1]) == ["tiny"]
+    # two runs of one recipe beside a third: the label plus the run's name
+    three = [summary(n, {"train": {"lr": v}}) for n, v in (("a", 0.01), ("b", 0.01), ("c", 3))]
+    assert recipe_labels(three) == ["train.lr=0.01 (a)", "train.lr=0.01 (b)", "train.lr=3"]
+    # more than four keys are counted
+    many = [summary(n, {"k": {c: v for c in "abcdef"}}) for n, v in (("a", 1), ("b", 2))]
+    assert recipe_labels(many) == ["k.a=1, k.b=1, k.c=1, k.d=1, +2 more",
+                                   "k.a=2, k.b=2, k.c=2, k.d=2, +2 more"]  # fmt: skip
+    # missing keys, lists, booleans, None, long values
+    odd = [
+        summary("a", {"k": {"f": 1}, "s": [1, 2], "b": True, "n": None, "t": "x" * 60}),
+        summary("b", {"s": [1], "b": False, "n": 0, "t": "y"}),
+    ]
+    assert recipe_labels(odd) == [
+        "k.f=1, s=[1, 2], b=true, n=none, +1 more",
+        "k.f=unset, s=[1], b=false, n=0, +1 more",
+    ]
+    long = [summary("a", {"t": "x" * 60}), summary("b", {"t": "y"})]
+    assert recipe_labels(long) == ["t=" + "x" * 39 + "…", "t=y"]
+
+
+def test_legends_carry_the_labels(specs, summaries) -> None:
+    labels = recipe_labels(summaries)
+    assert labels == [
+        "data.domain=web, train.seed=0, train.lr=0.001 (a)",
+        "data.domain=web, train.seed=0, train.lr=0.001 (d)",
+        "data.domain=web, train.seed=0, train.lr=0.001 (slow)",
+        "data.domain=<img src=x onerror=alert(2)>, train.seed=1, train.lr=unset",
+    ]
+    for name in VALIDATION:
+        shown = [tr["name"] for tr in specs[name]["data"] if tr.get("showlegend", True)]
+        assert shown == [esc(label) for label in labels]
+    for name in PER_UPDATE:
+        shown = [tr["name"] for tr in specs[name]["data"] if tr.get("showlegend", True)]
+        assert shown == [esc(label) for label in labels]
+
+
+# ----------------------------------------------------------------------------- axes, switches
+
+
+def test_units_on_every_axis_of_every_figure(specs) -> None:
+    titles = {name: axis_titles(spec) for name, spec in specs.items()}
+    for name, axes in titles.items():
+        assert set(axes) == {"xaxis", "yaxis"}, name
+        for key, title in axes.items():
+            assert has_unit(title), (name, key, title)
+    assert titles["val-seconds"] == {
+        "xaxis": "wall time (s)",
+        "yaxis": "validation val_loss (nat/token)",
+    }
+    assert titles["val-tokens"]["xaxis"] == "tokens"
+    assert titles["val-updates"]["xaxis"] == "optimizer updates"
+    assert titles["train-loss"] == {
+        "xaxis": "optimizer updates",
+        "yaxis": "training loss (nat/token)",
+    }
+    assert titles["lr"]["yaxis"] == "learning rate"
+    assert titles["grad-norm"]["yaxis"] == "grad norm (L2)"
+    assert titles["throughput"]["yaxis"] == "throughput (tokens/s)"
+    assert titles["phases"]["xaxis"].startswith("wall time (s)")
+
+
+def test_log_y_switch_on_the_loss_panels(specs) -> None:
+    for name, spec in specs.items():
+        menus = spec["layout"].get("updatemenus", [])
+        if name in (*VALIDATION, "train-loss", "grad-norm"):
+            (menu,) = menus
+            assert [b["label"] for b in menu["buttons"]] == ["linear y", "log y"]
+            assert [b["args"] for b in menu["buttons"]] == [
+                [{"yaxis.type": "linear"}],
+                [{"yaxis.type": "log"}],
+            ]
+        else:
+            assert menus == [], name
+
+
+def test_figures_are_responsive(specs) -> None:
+    for spec in specs.values():
+        assert spec["config"]["responsive"] is True
+        assert spec["layout"]["autosize"] is True
+        assert "width" not in spec["layout"]
+
+
+def test_no_external_resource(page: str) -> None:
+    assert 'src="http' not in page and "src='http" not in page
+    own = without_plotlyjs(page)
+    links = [
+        link
+        for tag in re.findall(r"<[a-zA-Z][^<>]*>", own)  # the page's own elements
+        for link in re.findall(r"""\s(?:src|href)\s*=\s*["']?([^"'\s>]*)""", tag)
+    ]
+    assert links == ["data:,"]  # the empty favicon, so the browser asks for none
+    for resource in ("url(", "@import", "cdn."):
+        assert resource not in own, resource
+
+
+# ----------------------------------------------------------------------------- phases, tables
+
+
+def test_phase_bars(specs, summaries) -> None:
+    spec = specs["phases"]
+    bars = traces(spec, "phase")
+    assert [b["name"] for b in bars] == ["prep", "train", "eval", "checkpoint"]
+    for b in bars:
+        assert b["y"] == [esc(i) for i in ids_of(summaries)] and b["orientation"] == "h"
+    d_kinds = [b["name"] for b in bars if b["x"][1] > 0]
     assert d_kinds == ["prep", "train", "eval", "checkpoint"]
-    widths = {r.get("data-phase"): float(r.get("width")) for r in by_class(groups[1], "phase")}
-    assert widths["train"] / widths["prep"] == pytest.approx(1800 / 300, rel=1e-2)
-    assert len(by_class(bars, "ttt")) == 3
-    assert "target not reached" in "".join(bars.itertext())
+    widths = {b["name"]: b["x"][1] for b in bars}
+    assert widths["train"] / widths["prep"] == pytest.approx(1800 / 300)
+    assert spec["layout"]["barmode"] == "stack"
+    (ttt,) = traces(spec, "ttt")
+    assert ttt["y"] == [esc(ids_of(summaries)[i]) for i in (0, 1, 3)]
+    assert ttt["x"] == [s["time_to_target"]["seconds"] for i, s in enumerate(summaries)
+                        if i != 2]  # fmt: skip
+    (missed,) = spec["layout"]["annotations"]
+    assert (missed["text"], missed["y"]) == ("target not reached", 2)  # "slow"
 
 
 def test_comparison_table_and_rules(page: str) -> None:
@@ -139,12 +479,13 @@ def test_gaps_and_edge_cases(summaries) -> None:
         render_report([])
     broken = {**summaries[0], "evaluations": [dict(e) for e in summaries[0]["evaluations"]]}
     broken["evaluations"][1]["metrics"] = {"val_loss": math.nan}
-    html = render_report([broken])
-    (series,) = by_class(svgs(html)[0], "series")
-    assert len(series.findall(f"{SVG}circle")) == 3  # the failed measurement is a gap
-    assert "nan" not in html.lower()
-    assert nice_ticks(0, 2080) == [0, 500, 1000, 1500, 2000]
-    assert nice_ticks(2.95, 4.6)[0] == pytest.approx(3.0)
+    page = render_report([broken])
+    (series,) = traces(figures(page)["val-tokens"], "series")
+    assert series["y"][1] is None and series["x"][1] is None  # a gap, not a value
+    assert len([y for y in series["y"] if y is not None]) == 3
+    assert series["connectgaps"] is False
+    assert "nan" not in json.dumps(figures(page)).lower()
+    assert series["name"] == esc(summaries[0]["run"]["name"])  # one run: its name
 
 
 def test_cli_writes_the_report(ledger_ws, tmp_path: Path) -> None:
@@ -155,36 +496,92 @@ def test_cli_writes_the_report(ledger_ws, tmp_path: Path) -> None:
     text = out.read_text(encoding="utf-8")
     assert text.startswith("<!DOCTYPE html>")
     assert ids[0] in text and ids[1] in text and ids[2] not in text
+    assert list(figures(text))[:3] == VALIDATION
 
 
 # -- in a real browser --------------------------------------------------------------------
 
 
-def test_report_renders_in_headless_chromium(page: str, summaries, tmp_path: Path) -> None:
+def test_report_renders_in_headless_chromium(page: str, specs, summaries, tmp_path) -> None:
     path = tmp_path / "report.html"
     path.write_text(page, encoding="utf-8")
+    labels = recipe_labels(summaries)
     driver = headless_chromium()
     try:
         driver.get(path.as_uri())
-        boxes = driver.execute_script(
-            "return Array.from(document.querySelectorAll('svg.chart')).map(s => {"
-            " const r = s.getBoundingClientRect();"
-            " return {axis: s.dataset.axis, w: r.width, h: r.height,"
-            "  series: s.querySelectorAll('g.series').length,"
-            "  lines: Array.from(s.querySelectorAll('g.series polyline, g.bar rect'))"
-            "   .map(e => e.getBoundingClientRect().width).filter(w => w > 0).length}; })"
+        drawn = drawn_figures(driver, len(specs))
+        assert [d["name"] for d in drawn] == list(specs)
+        for d, spec in zip(drawn, specs.values(), strict=True):
+            assert d["w"] > 300 and d["h"] > 150 and d["svgs"] >= 1, d["name"]
+            assert d["drawn"] == d["traces"] == len(spec["data"]) > 0, d["name"]
+            titles = axis_titles(spec)
+            assert d["xtitle"] == [html.unescape(titles["xaxis"])], d["name"]
+            assert d["ytitle"] == [html.unescape(titles["yaxis"])], d["name"]
+        by_name = {d["name"]: d for d in drawn}
+        for name in VALIDATION:
+            assert by_name[name]["legend"] == labels  # markup shown as text
+            markers = [s["points"] for s in by_name[name]["scatter"] if s["role"] == "series"]
+            assert markers == [len(s["evaluations"]) for s in summaries]
+            assert by_name[name]["buttons"] == ["linear y", "log y"]
+        for name in PER_UPDATE:
+            assert by_name[name]["lines"] >= len(summaries), name
+        # The run id is in the hover text, as text.
+        evil = next(
+            k
+            for k, tr in enumerate(specs["val-tokens"]["data"])
+            if tr["meta"]["role"] == "series"
+            and tr["meta"]["run"] == esc(summaries[3]["run"]["id"])
         )
-        assert [b["axis"] for b in boxes] == ["seconds", "tokens", "updates", "phases"]
-        for box in boxes:
-            assert box["w"] > 100 and box["h"] > 100, box
-            assert box["lines"] > 0, box
-        assert [b["series"] for b in boxes[:3]] == [len(summaries)] * 3
-        # The script-named run is text on the page, not code: no alert, shown verbatim.
-        assert driver.execute_script("return document.scripts.length") == 0
+        hover = driver.execute_script(
+            "const gd = document.getElementById('figure-val-tokens');"
+            "Plotly.Fx.hover(gd, [{curveNumber: arguments[0], pointNumber: 0}]);"
+            "return gd.querySelector('.hoverlayer').textContent;",
+            evil,
+        )
+        assert summaries[3]["run"]["id"] in hover and "step 500" in hover
+        # The log-y switch switches.
+        driver.execute_script(
+            "const gd = document.getElementById('figure-train-loss');"
+            "const b = Array.from(gd.querySelectorAll('.updatemenu-button'))"
+            "  .find(x => x.textContent === 'log y');"
+            "b.dispatchEvent(new MouseEvent('click', {bubbles: true}));"
+        )
+        axis_type = "return document.getElementById('figure-train-loss')._fullLayout.yaxis.type"
+        assert wait_for(lambda: driver.execute_script(axis_type) == "log")
+        # The script-named run is text on the page, not code: no alert, no image.
+        assert alerts(driver) == []
+        assert driver.execute_script("return document.images.length") == 0
+        assert driver.execute_script("return document.scripts.length") == 2 + len(specs)
         assert EVIL in driver.find_element("tag name", "body").text
+        # Responsive: the figures follow a narrower window, and the page never scrolls
+        # sideways.
+        width = (
+            "const svg = document.querySelector('#figure-val-seconds .main-svg');"
+            "return [svg.getBoundingClientRect().width, document.documentElement.clientWidth];"
+        )
+        wide, _ = driver.execute_script(width)
+        driver.set_window_size(700, 1000)
+        assert wait_for(lambda: driver.execute_script(width)[0] < wide - 300), (
+            wide,
+            driver.execute_script(width),
+        )
+        narrow, client = driver.execute_script(width)
+        assert narrow <= client
+        assert driver.execute_script(
+            "return document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+        )
         assert console_errors(driver) == []
         # The check can fail: an error on the console is seen by the same log.
         driver.execute_script("console.error('probe')")
         assert any("probe" in e["message"] for e in driver.get_log("browser"))
     finally:
         driver.quit()
+
+
+def wait_for(condition, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True

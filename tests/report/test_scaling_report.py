@@ -1,10 +1,10 @@
 """The scaling-law report: frontier with its bootstrap band, isoFLOP profiles, residuals;
-escaping; a real browser; Epoch AI's reconstruction of Hoffmann et al.'s 240 runs."""
+units, escaping; a real browser; Epoch AI's reconstruction of Hoffmann et al.'s 240 runs."""
 
 from __future__ import annotations
 
 import math
-import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +15,17 @@ from ledgerlm.scaling.allocate import compute_optimal
 from ledgerlm.scaling.fit import ScalingLaw, isoflop_fit
 from ledgerlm.scaling.law import LawParams, flops
 from reference_data import reference_points
-from report_helpers import SVG, by_class, console_errors, headless_chromium, svgs
+from report_helpers import (
+    alerts,
+    axis_titles,
+    console_errors,
+    drawn_figures,
+    figures,
+    has_unit,
+    headless_chromium,
+    traces,
+    without_plotlyjs,
+)
 
 # /work/main/tests/report/test_scaling_report.py -> parents[3] = /work, beside the repository.
 
@@ -68,24 +78,26 @@ def reference():
     return points, iso, html
 
 
-def chart(page: str, axis: str):
-    (svg,) = [s for s in svgs(page) if s.get("data-axis") == axis]
-    return svg
+def chart(page: str, name: str) -> dict:
+    return figures(page)[name]
 
 
-def xy(polyline) -> list[tuple[float, float]]:
-    return [tuple(map(float, p.split(","))) for p in polyline.get("points").split()]
+def shape(spec: dict, name: str) -> dict:
+    (found,) = [s for s in spec["layout"].get("shapes", []) if s.get("name") == name]
+    return found
 
 
 # ----------------------------------------------------------------------------- the page
 
 
-def test_a_self_contained_page_with_three_charts(page: str) -> None:
+def test_a_self_contained_page_with_three_figures(page: str) -> None:
     assert page.startswith("<!DOCTYPE html>")
-    assert [s.get("data-axis") for s in svgs(page)] == ["frontier", "isoflop", "residuals"]
-    assert "<script" not in page.lower()
+    assert list(figures(page)) == ["frontier", "isoflop", "residuals"]
+    assert 'src="http' not in page
+    own = without_plotlyjs(page)  # plotly.js is inlined once: nothing is fetched
     for resource in ("src=", 'href="http', "url(", "@import"):
-        assert resource not in page
+        assert resource not in own
+    assert own.count("<script") == 2 + 3  # plotly.js, three JSON blocks, the drawing
 
 
 def test_title_with_markup_is_escaped(page: str) -> None:
@@ -93,6 +105,23 @@ def test_title_with_markup_is_escaped(page: str) -> None:
     assert f"<title>{escaped}</title>" in page
     assert f"<h1>{escaped}</h1>" in page
     assert "<b>fit" not in page
+
+
+def test_units_on_every_axis(page: str) -> None:
+    titles = {name: axis_titles(spec) for name, spec in figures(page).items()}
+    assert titles == {
+        "frontier": {"xaxis": "training compute C = 6ND (FLOPs)", "yaxis": "loss (nat/token)"},
+        "isoflop": {"xaxis": "parameters N", "yaxis": "loss (nat/token)"},
+        "residuals": {
+            "xaxis": "training compute C = 6ND (FLOPs)",
+            "yaxis": "log L - log L_hat (ln of loss ratio)",
+        },
+    }
+    for axes in titles.values():
+        assert all(has_unit(title) for title in axes.values())
+    for name, spec in figures(page).items():
+        assert spec["layout"]["xaxis"]["type"] == "log", name  # log axes, as before
+        assert spec["config"]["responsive"] is True and "width" not in spec["layout"]
 
 
 def test_inputs_are_checked(fitted) -> None:
@@ -111,50 +140,54 @@ def test_inputs_are_checked(fitted) -> None:
 
 
 def test_points_frontier_and_fitted_range(page: str, fitted) -> None:
-    N, D, _ = fitted["points"]
-    svg = chart(page, "frontier")
-    (points,) = by_class(svg, "points")
-    dots = points.findall(f"{SVG}circle")
-    assert len(dots) == N.size
-    edges = {
-        g.get("data-edge"): float(g.find(f"{SVG}line").get("x1"))
-        for g in by_class(svg, "range-edge")
-    }
+    N, D, loss = fitted["points"]
+    spec = chart(page, "frontier")
+    (points,) = traces(spec, "points")
+    assert len(points["x"]) == N.size
     C = flops(N, D)
+    assert points["x"] == pytest.approx(C) and points["y"] == pytest.approx(loss)
+    edges = {edge: shape(spec, f"range-{edge}") for edge in ("min", "max")}
+    for edge in edges.values():
+        assert edge["x0"] == edge["x1"] and (edge["yref"], edge["y0"], edge["y1"]) == (
+            "paper",
+            0,
+            1,
+        )
     # The runs with the least and the most compute sit on the fitted range's edges.
-    assert float(dots[int(np.argmin(C))].get("cx")) == edges["min"]
-    assert float(dots[int(np.argmax(C))].get("cx")) == edges["max"]
-    (frontier,) = by_class(svg, "frontier")
-    lines = frontier.findall(f"{SVG}polyline")
-    assert [p.get("class") for p in lines] == ["extrapolated", "fit", "extrapolated"]
-    below, inside, above = (xy(p) for p in lines)
-    assert (inside[0][0], inside[-1][0]) == (edges["min"], edges["max"])
+    assert points["x"][int(np.argmin(C))] == edges["min"]["x0"]
+    assert points["x"][int(np.argmax(C))] == edges["max"]["x0"]
+    lines = traces(spec, "frontier")
+    assert [tr["meta"]["part"] for tr in lines] == ["extrapolated", "fit", "extrapolated"]
+    below, inside, above = (list(zip(tr["x"], tr["y"], strict=True)) for tr in lines)
+    assert (inside[0][0], inside[-1][0]) == (edges["min"]["x0"], edges["max"]["x0"])
     assert below[-1] == inside[0] and inside[-1] == above[0]  # one unbroken line
-    assert max(x for x, _ in below) == edges["min"] and min(x for x, _ in above) == edges["max"]
-    for line, dashed in zip(lines, (True, False, True), strict=True):
-        assert (line.get("stroke-dasharray") is not None) == dashed
+    assert max(x for x, _ in below) == edges["min"]["x0"]
+    assert min(x for x, _ in above) == edges["max"]["x0"]
+    for tr, dashed in zip(lines, (True, False, True), strict=True):
+        assert (tr["line"]["dash"] == "dash") == dashed
+    # one legend entry for the fitted part and one for both extrapolated parts
+    assert [tr["showlegend"] for tr in lines] == [True, True, False]
 
 
-def band_edges(svg) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
-    (band,) = by_class(svg, "band")
-    pts = [tuple(map(float, p.split(","))) for p in band.get("points").split()]
+def band_edges(spec) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    (band,) = traces(spec, "band")
+    assert band["fill"] == "toself"
+    pts = list(zip(band["x"], band["y"], strict=True))
     n = len(pts) // 2
     return pts[:n], pts[n:][::-1]  # upper (high loss) and lower edge, both left to right
 
 
 def test_band_contains_the_point_frontier(page: str) -> None:
-    svg = chart(page, "frontier")
-    upper, lower = band_edges(svg)
+    spec = chart(page, "frontier")
+    upper, lower = band_edges(spec)
     assert [x for x, _ in upper] == [x for x, _ in lower]
-    frontier = [
-        pt for line in by_class(svg, "frontier")[0].findall(f"{SVG}polyline") for pt in xy(line)
-    ]
+    frontier = [pt for tr in traces(spec, "frontier") for pt in zip(tr["x"], tr["y"], strict=True)]
     at = {x: (hi, lo) for (x, hi), (_, lo) in zip(upper, lower, strict=True)}
     assert {x for x, _ in frontier} == set(at)  # the band spans the whole drawn frontier
     for x, y in frontier:
-        hi_px, lo_px = at[x]  # y grows downwards: the upper edge has the smaller y
-        assert hi_px <= y <= lo_px, (x, y, hi_px, lo_px)
-    widths = [lo - hi for (_, hi), (_, lo) in zip(upper, lower, strict=True)]
+        hi, lo = at[x]
+        assert lo - 1e-12 <= y <= hi + 1e-12, (x, y, hi, lo)
+    widths = [hi - lo for (_, hi), (_, lo) in zip(upper, lower, strict=True)]
     assert min(widths) > 0
     # Extrapolating is less certain: the band is wider at both far ends than mid-range.
     mid = widths[len(widths) // 2]
@@ -166,39 +199,44 @@ def test_bootstrap_object_or_samples_and_no_band_without(fitted, page: str) -> N
     same = render_scaling_report(*f["points"], f["law"], f["boot"].samples, f["iso"], title=EVIL)
     assert same == page
     bare = render_scaling_report(*f["points"], f["law"])
-    assert by_class(chart(bare, "frontier"), "band") == []
+    assert traces(chart(bare, "frontier"), "band") == []
     assert "No bootstrap samples were given" in bare
-    assert [s.get("data-axis") for s in svgs(bare)] == ["frontier", "residuals"]
+    assert list(figures(bare)) == ["frontier", "residuals"]
     assert "No isoFLOP fit was given" in bare
-    assert len(by_class(chart(bare, "frontier"), "frontier")) == 1
+    assert len(traces(chart(bare, "frontier"), "frontier")) == 3
 
 
 # ----------------------------------------------------------------------------- (2) isoFLOP
 
 
-def check_isoflop_groups(svg, iso) -> None:
-    groups = by_class(svg, "isoflop")
-    assert len(groups) == len(iso.profiles)
-    for g, p in zip(groups, iso.profiles, strict=True):
-        assert float(g.get("data-level")) == pytest.approx(p.level)
-        (parabola,) = g.findall(f"{SVG}polyline")  # one polyline per isoFLOP group
-        assert len(g.findall(f"{SVG}circle")) == p.n
-        curve = xy(parabola)
-        (minimum,) = by_class(g, "minimum")
-        # The diamond is drawn around the parabola's minimum: no sampled point of the
-        # curve lies below it (larger y), and it is inside the curve's N range.
-        corners = [float(v) for v in re.findall(r"-?\d+(?:\.\d+)?", minimum.get("d"))]
-        cx, cy = corners[0], corners[3]  # top corner's x, right corner's y
-        assert max(y for _, y in curve) <= cy + 0.11
-        assert curve[0][0] <= cx <= curve[-1][0]
-        lowest_x = max(curve, key=lambda pt: pt[1])[0]
-        assert abs(lowest_x - cx) <= curve[1][0] - curve[0][0] + 0.11  # within one sample
-    assert len(by_class(svg, "law-optimum")) == len(iso.profiles)
-    (optima,) = by_class(svg, "optima")
-    assert len(xy(optima)) == sum(iso.used)
+def check_isoflop_groups(spec, iso) -> None:
+    points = traces(spec, "isoflop-points")
+    parabolas = {tr["meta"]["level"]: tr for tr in traces(spec, "parabola")}
+    minima = {tr["meta"]["level"]: tr for tr in traces(spec, "minimum")}
+    assert len(points) == len(iso.profiles)
+    for pts, p in zip(points, iso.profiles, strict=True):
+        level = pts["meta"]["level"]
+        assert level == pytest.approx(p.level)
+        assert len(pts["x"]) == p.n
+        curve = parabolas[level]  # one parabola per isoFLOP group, in its legend group
+        assert curve["legendgroup"] == pts["legendgroup"] == minima[level]["legendgroup"]
+        ((n_opt,), (l_opt,)) = minima[level]["x"], minima[level]["y"]
+        assert (n_opt, l_opt) == pytest.approx((p.N_opt, p.L_opt))
+        # The diamond is the parabola's minimum: no sampled point of the curve lies below
+        # it, and it is inside the curve's N range, within one sample of its lowest point.
+        assert min(curve["y"]) >= l_opt - 1e-9
+        assert curve["x"][0] <= n_opt <= curve["x"][-1]
+        lowest = curve["x"][int(np.argmin(curve["y"]))]
+        step = math.log(curve["x"][1] / curve["x"][0])
+        assert abs(math.log(lowest / n_opt)) <= step + 1e-9
+        assert (curve["line"]["dash"] == "dash") == (not pts["meta"]["used"])
+    (law,) = traces(spec, "law-optimum")
+    assert len(law["x"]) == len(iso.profiles)
+    (optima,) = traces(spec, "optima")
+    assert len(optima["x"]) == sum(iso.used)
 
 
-def test_one_polyline_per_isoflop_group(page: str, fitted) -> None:
+def test_one_parabola_per_isoflop_group(page: str, fitted) -> None:
     iso = fitted["iso"]
     assert [p.n for p in iso.profiles] == [PER_BUDGET] * len(BUDGETS)
     assert all(iso.used)
@@ -208,27 +246,34 @@ def test_one_polyline_per_isoflop_group(page: str, fitted) -> None:
 def test_isoflop_groups_from_given_budgets(fitted) -> None:
     f = fitted
     iso = isoflop_fit(*f["points"], C=f["C"])  # the 3 runs at 2e19 are too few for a profile
-    html = render_scaling_report(*f["points"], f["law"], isoflop=iso, isoflop_C=f["C"])
+    html = render_scaling_report(*f["points"], f["law"], isoflop=iso)
     check_isoflop_groups(chart(html, "isoflop"), iso)
+
+
+def test_a_grouping_the_page_cannot_reproduce_is_said(fitted) -> None:
+    f = fitted
+    iso = f["iso"]
+    first = iso.profiles[0]
+    # A fit claiming one point more in its first profile than any rule groups there.
+    other = replace(iso, profiles=(replace(first, n=first.n + 1), *iso.profiles[1:]))
+    html = render_scaling_report(*f["points"], f["law"], isoflop=other)
+    assert "the fit grouped them otherwise" in html
+    groups = traces(chart(html, "isoflop"), "isoflop-points")
+    assert [len(g["x"]) for g in groups] == [p.n for p in iso.profiles]  # nearest level
 
 
 # ----------------------------------------------------------------------------- (3) residuals
 
 
 def test_residuals_against_a_zero_line(page: str, fitted) -> None:
-    svg = chart(page, "residuals")
-    (zero,) = by_class(svg, "zero")
-    y0 = float(zero.get("y1"))
-    assert zero.get("y2") == zero.get("y1")
-    (points,) = by_class(svg, "points")
-    dots = points.findall(f"{SVG}circle")
+    spec = chart(page, "residuals")
+    zero = shape(spec, "zero")
+    assert zero["y0"] == zero["y1"] == 0 and (zero["x0"], zero["x1"]) == (0, 1)
+    (points,) = traces(spec, "points")
     residuals = fitted["law"].residuals_
-    assert len(dots) == residuals.size
-    for dot, r in zip(dots, residuals, strict=True):
-        y = float(dot.get("cy"))
-        assert (y <= y0) if r > 0 else (y >= y0)  # a run worse than the law sits above
-    ticks = ["".join(t.itertext()) for t in svg.iter(f"{SVG}text")]
-    assert "0" in ticks
+    assert points["y"] == pytest.approx(residuals)  # a run worse than the law sits above
+    lo, hi = spec["layout"]["yaxis"]["range"]
+    assert lo == -hi and hi > max(abs(residuals))  # symmetric about the zero line
 
 
 # ----------------------------------------------------------------------------- reference data
@@ -237,15 +282,16 @@ def test_residuals_against_a_zero_line(page: str, fitted) -> None:
 def test_reference_csv_renders_with_its_240_points(reference) -> None:
     (N, _, _), iso, html = reference
     assert N.size == 240
-    for axis in ("frontier", "residuals"):
-        (points,) = by_class(chart(html, axis), "points")
-        assert len(points.findall(f"{SVG}circle")) == 240
-    svg = chart(html, "isoflop")
-    groups = by_class(svg, "isoflop")
-    assert len(groups) == len(iso.profiles) == 9
-    assert sum(len(g.findall(f"{SVG}circle")) for g in groups) == sum(p.n for p in iso.profiles)
-    assert len(by_class(chart(html, "frontier"), "band")) == 1
-    assert not any(math.isnan(float(c.get("cy"))) for c in svg.iter(f"{SVG}circle"))
+    for name in ("frontier", "residuals"):
+        (points,) = traces(chart(html, name), "points")
+        assert len(points["x"]) == 240
+    spec = chart(html, "isoflop")
+    groups = traces(spec, "isoflop-points")
+    assert len(groups) == len(iso.profiles) >= 9
+    assert sum(len(g["x"]) for g in groups) == sum(p.n for p in iso.profiles)
+    assert len(traces(chart(html, "frontier"), "band")) == 1
+    assert not any(y is None for tr in spec["data"] for y in tr["y"])
+    assert "the fit grouped them otherwise" not in html  # the drawn groups are the fit's
 
 
 # ----------------------------------------------------------------------------- in a browser
@@ -261,30 +307,32 @@ def driver():
 @pytest.mark.parametrize("which", ["synthetic", "reference"])
 def test_renders_in_headless_chromium(which: str, request, driver, tmp_path: Path) -> None:
     if which == "reference":
-        (N, _, _), _, html = request.getfixturevalue("reference")
+        (N, _, _), iso, html = request.getfixturevalue("reference")
         title = "Chinchilla (Epoch AI)"
     else:
-        N = request.getfixturevalue("fitted")["points"][0]
+        f = request.getfixturevalue("fitted")
+        N, iso = f["points"][0], f["iso"]
         html, title = request.getfixturevalue("page"), EVIL
+    specs = figures(html)
     path = tmp_path / "scaling.html"
     path.write_text(html, encoding="utf-8")
     console_errors(driver)  # start from an empty log
     driver.get(path.as_uri())
-    boxes = driver.execute_script(
-        "return Array.from(document.querySelectorAll('svg.chart')).map(s => {"
-        " const r = s.getBoundingClientRect();"
-        " const drawn = sel => Array.from(s.querySelectorAll(sel)).filter(e => {"
-        "  const b = e.getBoundingClientRect(); return b.width > 0 && b.height > 0; }).length;"
-        " return {axis: s.dataset.axis, w: r.width, h: r.height,"
-        "  lines: drawn('polyline, polygon'), dots: drawn('g.points circle')}; })"
-    )
-    assert [b["axis"] for b in boxes] == ["frontier", "isoflop", "residuals"]
-    for box in boxes:
-        assert box["w"] > 100 and box["h"] > 100, box
-        assert box["lines"] > 0 or box["axis"] == "residuals", box
-    assert [b["dots"] for b in boxes] == [N.size, 0, N.size]
-    assert driver.execute_script("return document.scripts.length") == 0
+    drawn = drawn_figures(driver, len(specs))
+    assert [d["name"] for d in drawn] == ["frontier", "isoflop", "residuals"]
+    for d, spec in zip(drawn, specs.values(), strict=True):
+        assert d["w"] > 300 and d["h"] > 150 and d["svgs"] >= 1, d["name"]
+        assert d["drawn"] == d["traces"] == len(spec["data"]), d["name"]
+        assert d["lines"] > 0 or d["name"] == "residuals", d["name"]
+        assert d["xtitle"] == [axis_titles(spec)["xaxis"]]
+    markers = [{s["role"]: s["points"] for s in d["scatter"] if s["role"] == "points"}
+               for d in drawn]  # fmt: skip
+    assert markers == [{"points": N.size}, {}, {"points": N.size}]
+    iso_markers = [s["points"] for s in drawn[1]["scatter"] if s["role"] == "isoflop-points"]
+    assert iso_markers == [p.n for p in iso.profiles]
+    assert driver.execute_script("return document.scripts.length") == 2 + len(specs)
     assert driver.find_element("tag name", "h1").text == title  # markup shown as text
+    assert alerts(driver) == []
     assert console_errors(driver) == []
     # The check can fail: an error on the console is seen by the same log.
     driver.execute_script("console.error('probe')")

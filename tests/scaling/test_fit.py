@@ -291,4 +291,3 @@ def test_held_out_budgets(reference, reference_fit):
         # Held out costs little against the fit that saw those points (ratios 1.12, 1.04).
         seen = reference_fit.evaluate_held_out(N[held], D[held], loss[held])
         assert out.rmse_log < 1.3 * seen.rmse_log, name
-

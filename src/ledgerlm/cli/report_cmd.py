@@ -1,4 +1,5 @@
-"""``ledgerlm report``: one self-contained HTML page over runs (curves, phases, comparison)."""
+"""``ledgerlm report``: one self-contained, interactive HTML page over runs (curves,
+per-update panels, phases, comparison)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import typer
 
 from ledgerlm.cli.ui import DEFAULT_WS, WorkspaceOpt, console, friendly_errors
 from ledgerlm.ledger.store import Ledger
-from ledgerlm.workspace import Workspace
+from ledgerlm.workspace import Workspace, atomic_write_text
 
 
 @friendly_errors
@@ -23,9 +24,12 @@ def report(
     ),
     workspace: WorkspaceOpt = DEFAULT_WS,
 ) -> None:
-    """Write an HTML report: validation loss against wall time, tokens and updates, the
-    target and each run's confirming evaluation, phase times per run, and the comparison
-    of `ledgerlm ledger compare`. One file, inline SVG, no scripts or external resources.
+    """Write an HTML report: validation loss (and bits per byte) against wall time,
+    tokens and updates, with the target and each run's confirming evaluation; the
+    per-update training loss (raw and smoothed), learning rate, grad norm and tokens/s;
+    phase times per run; the mixture; the comparison of `ledgerlm ledger compare`.
+    Interactive charts (hover, zoom, log y), legends naming what differs between the
+    recipes. One file: plotly.js is inlined, nothing is fetched.
     """
     from ledgerlm.report.run_report import render_report
 
@@ -35,9 +39,10 @@ def report(
     with Ledger(path) as ledger:
         ids = list(dict.fromkeys(ledger.resolve_run(ref) for ref in runs))
         summaries = [ledger.run_summary(run_id) for run_id in ids]
-    page = render_report(summaries)
+        steps = {run_id: ledger.steps(run_id) for run_id in ids}
+    page = render_report(summaries, steps)
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(page, encoding="utf-8")
+    atomic_write_text(output, page)
     console.print(
         f"wrote {output} ({len(summaries)} run(s))", highlight=False, markup=False, soft_wrap=True
     )

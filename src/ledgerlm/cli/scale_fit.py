@@ -213,7 +213,13 @@ def _held_out_table(held: dict[str, Any]) -> Table:
 
 def print_fit(result: dict[str, Any], where: str) -> None:
     """The fit summary (``lab.scaling.fit_summary``) as tables and notes."""
-    console.print(escape(f"{where}: {result['reduction']['note']}"), highlight=False)
+    head = f"{where}: {result['n_loaded']} rows"
+    if result["dropped"]:
+        head += f", {len(result['dropped'])} left out (below)"
+    if result["held_out"]:
+        head += f", {result['held_out']['n']} held out ({result['held_out']['rule']})"
+    head += f"; fitted on {result['reduction']['note']}"
+    console.print(escape(head), highlight=False, soft_wrap=True)
     if result["dropped"]:
         console.print(_dropped_table(result["dropped"]))
     console.print(_params_table(result))
@@ -344,6 +350,15 @@ def recommend_cmd(
             "`scale serving-cost` measures it with attention over the context and the batch.",
         ),
     ] = None,
+    serving: Annotated[
+        Path | None,
+        typer.Option(
+            "--serving",
+            help="A `scale serving-cost -o` file: its measured training-equivalent serving "
+            "FLOPs per parameter per token (batch and context included) become k. "
+            "Instead of --serving-flops-per-param.",
+        ),
+    ] = None,
     bootstrap: BootstrapOpt = 200,
     seed: SeedOpt = 0,
     workspace: WorkspaceOpt = DEFAULT_WS,
@@ -366,15 +381,42 @@ def recommend_cmd(
     requests_list = numbers(requests, "--requests", zero=True)
     if not (math.isfinite(tokens_per_request) and tokens_per_request > 0):
         raise ValueError("--tokens-per-request must be a positive number")
+    if serving is not None and serving_kappa is not None:
+        raise ValueError("give --serving FILE or --serving-flops-per-param K, not both")
+    if serving is not None:
+        from ledgerlm.lab.serving import read_serving_cost
+
+        serving_kappa, used = read_serving_cost(serving)
+    elif serving_kappa is not None:
+        used = {"kind": "stated", "flops_per_param": serving_kappa}
+    else:
+        used = {"kind": "default", "flops_per_param": 2.0}
     columns = {"n_col": n_col, "d_col": d_col, "c_col": c_col, "loss_col": loss_col,
                "lr_col": lr_col}  # fmt: skip
     options = _options(reduce, drop_top_loss, max_residual, None, 0, bootstrap, seed)
     fitted = _fit(sweep, runs, csv, workspace, columns, params, options)
     result = recommend(fitted, budget, requests_list, tokens_per_request, serving_kappa)
+    if "lifecycle" in result:
+        used["flops_per_param"] = result["lifecycle"]["inference_kappa"]
+        result["lifecycle"]["serving"] = used
     if as_json:
         console.print_json(json.dumps(result))
         return
     _print_recommendation(result, fitted.describe())
+    if "lifecycle" in result:
+        k = f"{used['flops_per_param']:.3g} N FLOPs a served token"
+        if used["kind"] == "measured":
+            line = (
+                f"serving cost: {k}, measured by `scale serving-cost` on {used['source']} "
+                f"(batch {used['batch']}, context {used['context']}, {used['machine']}; "
+                f"training-equivalent, analytic {used['analytic_flops_per_param']:.3g}) "
+                f"from {used['file']}"
+            )
+        elif used["kind"] == "stated":
+            line = f"serving cost: {k}, stated with --serving-flops-per-param"
+        else:
+            line = f"serving cost: {k} (default: one forward pass, context and batch left out)"
+        console.print(escape(line), highlight=False, soft_wrap=True)
 
 
 def _interval_text(entry: dict[str, float], fmt: str) -> str:
@@ -384,11 +426,13 @@ def _interval_text(entry: dict[str, float], fmt: str) -> str:
     return text
 
 
-def _band(value: float, band: dict[str, Any] | None, key: str, fmt: str) -> str:
-    text = format(value, fmt)
+def _band(value: float, band: dict[str, Any] | None, key: str, fmt: str | None = None) -> str:
+    """``value (lo-hi)``, compact: 3 significant digits (or ``fmt``)."""
+    show = _g if fmt is None else (lambda x: format(x, fmt))
+    text = show(value)
     if band and key in band:
         lo, hi = band[key]
-        text += f" ({format(lo, fmt)}..{format(hi, fmt)})"
+        text += f"\n({show(lo)}-{show(hi)})"
     return text
 
 
@@ -426,29 +470,28 @@ def _print_recommendation(result: dict[str, Any], where: str) -> None:
 def _print_lifecycle(life: dict[str, Any]) -> None:
     lt = Table(
         title=f"lifecycle: training + R requests of {life['tokens_per_request']:,.0f} tokens "
-        f"({life['inference_kappa']:g} N FLOPs a token) within C; 95% intervals in brackets",
+        f"({life['inference_kappa']:g} N FLOPs a token) within C; 95% intervals below; "
+        "! = extrapolation",
         show_edge=False,
     )
-    for col in ("R", "N", "D", "D/N", "C_train", "C_inference", "loss", "flag"):
-        lt.add_column(col, justify="left" if col == "flag" else "right")
+    for col in ("R", "N", "D", "D/N", "training", "loss"):
+        lt.add_column(col, justify="right", overflow="fold", min_width=8)
     starved, flagged = [], []
     for r in life["rows"]:
         if r["D"] < 1:  # serving the requests takes the whole budget
             starved.append(_g(r["R"]))
-            lt.add_row(_g(r["R"]), "-", "-", "-", "-", _g(r["C_inference_total"]), "-", "")
+            lt.add_row(_g(r["R"]), "-", "-", "-", "0%", "-")
             continue
         band = r.get("interval")
         if r["extrapolation"]:
             flagged.append(f"R = {_g(r['R'])}: {r['extrapolation']}")
         lt.add_row(
-            _g(r["R"]),
-            _band(r["N"], band, "N", ".3g"),
-            _band(r["D"], band, "D", ".3g"),
-            _band(r["tokens_per_param"], band, "tokens_per_param", ".3g"),
-            _g(r["C_train"]),
-            _g(r["C_inference_total"]),
-            _band(r["loss"], band, "loss", ".4f"),
-            "[yellow]extrapolation[/]" if r["extrapolation"] else "",
+            _g(r["R"]) + (" [yellow]![/]" if r["extrapolation"] else ""),
+            _band(r["N"], band, "N"),
+            _band(r["D"], band, "D"),
+            _band(r["tokens_per_param"], band, "tokens_per_param"),
+            f"{100 * r['C_train'] / r['C_total']:.0f}%",
+            _band(r["loss"], band, "loss", ".3f"),
         )
     console.print(lt)
     for line in flagged:

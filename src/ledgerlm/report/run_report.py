@@ -1,10 +1,29 @@
-"""A self-contained HTML report over runs: loss curves, phase times, the comparison.
+"""A self-contained, interactive HTML report over runs: curves, phase times, comparison.
 
-The page is one file with inline SVG (drawn with the primitives in ``charts.py``, shared
-with the scaling report), no scripts and no external resources, so it opens anywhere and
-can be archived beside the ledger. Every piece of text that comes from the ledger (run
-ids and names, metric names, phase kinds, recipe values) goes through ``html.escape``:
-a run may be named ``<script>``.
+The figures are plotly (drawn with ``plots.py``, shared with the scaling report), on one
+page that inlines plotly.js once and fetches nothing, so it opens offline and can be
+archived beside the ledger:
+
+- validation loss (each run's target metric) against the ledger's wall time, tokens and
+  optimizer updates, with the target as a dashed line and a ring on the evaluation that
+  confirmed it; bits per byte against tokens when the evaluations measured ``bpb``;
+- per optimizer update (the ``Ledger.steps`` rows): the training loss, faint as recorded
+  and solid as its exponential moving average (TensorBoard's smoothing, weight
+  ``SMOOTHING``, debiased so the first updates are not pulled towards 0), the learning
+  rate, the gradient's L2 norm before clipping and the throughput (the update's tokens
+  over its wall seconds; rows without seconds are left out);
+- the phase times per run, stacked, with a tick at time-to-target.
+
+Then the mixture table and the comparison of ``ledger compare``. Every axis names its
+quantity and unit; the loss panels have a linear/log switch. With several runs, a run's
+legend label is the recipe keys whose values differ between the runs (``train.lr=0.01,
+model.d_model=64``, see :func:`recipe_labels`); its id is in every hover. Per-update
+series longer than ``MAX_POINTS`` are drawn from evenly spaced updates (the average
+runs over all of them), so a long run does not make the page heavy.
+
+Every piece of text that comes from the ledger (run ids and names, metric names, phase
+kinds, recipe values) is escaped: ``html.escape`` in the HTML, and ``plots.t`` in plotly
+text, which reads some HTML tags. A run may be named ``<script>``.
 
 The time axis is the ledger's own clock: at each evaluation, the summed wall time of
 every phase recorded up to and including that evaluation's phase. That is the sum
@@ -14,32 +33,30 @@ time-to-target, and time a killed run spent waiting to be resumed is not drawn a
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ledgerlm.ledger.compare import compare_runs, final_domain_losses
 from ledgerlm.ledger.mixture import realised
-from ledgerlm.report.charts import (
-    BOTTOM,
-    LEFT,
-    RIGHT,
-    RUN_COLORS,
-    TOP,
-    H,
-    Scale,
-    W,
-    axes,
-    chart_svg,
+from ledgerlm.report.plots import (
+    LEGEND,
+    axis,
     e,
-    fmt_tick,
-    nice_ticks,
+    figure,
+    figure_html,
+    layout,
     page,
     run_color,
+    run_dash,
+    t,
 )
 
-PHASE_ORDER = ("search", "prep", "tokenize", "restore", "train", "eval", "checkpoint")
+PHASE_ORDER = ("setup", "search", "prep", "tokenize", "restore", "train", "eval", "checkpoint")
 PHASE_COLORS = {
+    "setup": "#d9d9d9",
     "prep": "#8dd3c7",
     "tokenize": "#80b1d3",
     "restore": "#bebada",
@@ -47,12 +64,25 @@ PHASE_COLORS = {
     "eval": "#fb8072",
     "checkpoint": "#b3de69",
 }
-OTHER_PHASE_COLORS = ("#fccde5", "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f")
+OTHER_PHASE_COLORS = ("#fccde5", "#bc80bd", "#ccebc5", "#ffed6f", "#ffffb3")
+SMOOTHING = 0.9  # weight of the past in the moving average of per-update series
+MAX_POINTS = 2000  # per-update points drawn per series
+LABEL_KEYS = 4  # recipe differences named in a legend label (the rest are counted)
+LABEL_VALUE_CHARS = 40
+# Recipe sections that say where a run logs, not what it learned: never a difference.
+IGNORED_SECTIONS = ("log",)
+_UNSET = object()
 
-
-def _dash(index: int) -> str:
-    # Past the palette, runs share a colour; a dash pattern keeps them apart.
-    return "" if index < len(RUN_COLORS) else ' stroke-dasharray="6 3"'
+# Axis titles: a quantity and its unit (counts are their own unit).
+WALL_TIME = "wall time (s)"
+TOKENS = "tokens"
+UPDATES = "optimizer updates"
+BPB = "bits per byte (bit/byte)"
+TRAIN_LOSS = "training loss (nat/token)"
+LEARNING_RATE = "learning rate"
+GRAD_NORM = "grad norm (L2)"
+THROUGHPUT = "throughput (tokens/s)"
+RUN = "run"
 
 
 def _finite(value: Any) -> float | None:
@@ -78,86 +108,347 @@ def eval_seconds(summary: Mapping[str, Any]) -> list[float | None]:
     return out
 
 
-def _curves(summaries: Sequence[Mapping[str, Any]], axis: str) -> list[dict[str, Any]]:
-    """Per run: (x, loss) points on one axis and the confirming evaluation's point."""
-    curves = []
-    for index, s in enumerate(summaries):
-        metric = s["run"]["target_metric"]
-        seconds = eval_seconds(s) if axis == "seconds" else None
-        points: list[tuple[float, float] | None] = []
-        confirm = None
+# ---------------------------------------------------------------------------- series maths
+
+
+def ema(values: Sequence[float | None], weight: float = SMOOTHING) -> list[float | None]:
+    """The exponential moving average TensorBoard smooths scalars with, debiased.
+
+    ``m_k = weight * m_(k-1) + (1 - weight) * v_k`` from ``m_0 = 0``, reported as
+    ``m_k / (1 - weight**k)`` so early values are not pulled towards 0 (the first is
+    ``v_1`` itself). Missing or non-finite values stay gaps and do not move the average.
+    """
+    if not 0.0 <= weight < 1.0:
+        raise ValueError(f"the smoothing weight must be in [0, 1), got {weight}")
+    out: list[float | None] = []
+    last, k = 0.0, 0
+    for v in values:
+        x = _finite(v)
+        if x is None:
+            out.append(None)
+            continue
+        k += 1
+        last = weight * last + (1.0 - weight) * x
+        out.append(last / (1.0 - weight**k))
+    return out
+
+
+def tokens_per_second(rows: Sequence[Mapping[str, Any]]) -> tuple[list[int], list[float]]:
+    """(steps, tokens/s) of the per-update rows that know their wall seconds: each
+    update's tokens over its own seconds."""
+    steps, rates = [], []
+    for r in rows:
+        seconds, tokens = _finite(r.get("seconds")), _finite(r.get("tokens"))
+        if seconds is None or seconds <= 0 or tokens is None:
+            continue
+        steps.append(int(r["step"]))
+        rates.append(tokens / seconds)
+    return steps, rates
+
+
+def _sig(v: float | None) -> float | None:
+    """``v`` to 6 significant digits: what a hover shows, in half the page bytes."""
+    return None if v is None else float(f"{v:.6g}")
+
+
+def thin(n: int, cap: int = MAX_POINTS) -> list[int]:
+    """Indices of at most ``cap`` points evenly spread over ``n``, first and last kept."""
+    if n <= cap:
+        return list(range(n))
+    return sorted({round(i * (n - 1) / (cap - 1)) for i in range(cap)})
+
+
+# ---------------------------------------------------------------------------- legend labels
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested recipe as dotted keys: ``{"train": {"lr": 0.01}}`` -> ``{"train.lr": 0.01}``."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _value_text(value: Any) -> str:
+    if value is _UNSET:
+        text = "unset"
+    elif value is None:
+        text = "none"
+    elif isinstance(value, bool):
+        text = str(value).lower()
+    elif isinstance(value, float):
+        text = f"{value:g}"
+    elif isinstance(value, str):
+        text = value
+    else:
+        text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= LABEL_VALUE_CHARS else text[: LABEL_VALUE_CHARS - 1] + "…"
+
+
+def recipe_labels(summaries: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A legend label per run: the recipe keys (dotted, from each summary's resolved
+    ``run["recipe"]``) whose values differ between the runs, as ``key=value``.
+
+    The ``log`` section (where a run logs) is not a difference; the recipe ``name`` is
+    named only when nothing else differs. At most ``LABEL_KEYS`` keys are named, then
+    ``+n more``. When nothing differs the label is the run's name, or its id when names
+    repeat; runs whose labels would still coincide get that name or id appended."""
+    flat = [
+        {
+            k: v
+            for k, v in flatten(s["run"].get("recipe") or {}).items()
+            if k.split(".")[0] not in IGNORED_SECTIONS
+        }
+        for s in summaries
+    ]
+    keys = list(dict.fromkeys(k for f in flat for k in f))
+    differ = [k for k in keys if len({_value_text(f.get(k, _UNSET)) for f in flat}) > 1]
+    if differ != ["name"]:
+        differ = [k for k in differ if k != "name"]
+    names = [str(s["run"].get("name") or s["run"]["id"]) for s in summaries]
+    fallback = names if len(set(names)) == len(names) else [str(s["run"]["id"]) for s in summaries]
+    labels = []
+    for f, own in zip(flat, fallback, strict=True):
+        parts = [f"{k}={_value_text(f.get(k, _UNSET))}" for k in differ]
+        if len(parts) > LABEL_KEYS:
+            parts = [*parts[:LABEL_KEYS], f"+{len(parts) - LABEL_KEYS} more"]
+        labels.append(", ".join(parts) or own)
+    counts = Counter(labels)
+    return [
+        f"{label} ({own})" if counts[label] > 1 else label
+        for label, own in zip(labels, fallback, strict=True)
+    ]
+
+
+# ---------------------------------------------------------------------------- validation
+
+
+def _unit(summary: Mapping[str, Any]) -> str:
+    run = summary["run"]
+    contract = (run.get("meta") or {}).get("contract") or {}
+    if contract.get("unit"):
+        return str(contract["unit"])
+    return "bit/byte" if str(run["target_metric"]).startswith("bpb") else "nat/token"
+
+
+def _run_meta(summary: Mapping[str, Any], role: str) -> dict[str, str]:
+    return {"run": t(summary["run"]["id"]), "role": role}
+
+
+def _eval_trace(
+    s: Mapping[str, Any], i: int, label: str, xs: Sequence[float | None], metric: str, unit: str
+) -> dict[str, Any]:
+    """One run's evaluations of ``metric`` against ``xs``; failed measurements are gaps."""
+    evs = s.get("evaluations", [])
+    ys = [_finite((ev.get("metrics") or {}).get(metric)) for ev in evs]
+    pts = [
+        (x, y) if x is not None and y is not None else (None, None)
+        for x, y in zip(xs, ys, strict=True)
+    ]
+    return {
+        "type": "scatter",
+        "mode": "lines+markers",
+        "x": [x for x, _ in pts],
+        "y": [y for _, y in pts],
+        "connectgaps": False,
+        "name": t(label),
+        "legendgroup": f"run-{i}",
+        "line": {"color": run_color(i), "width": 2, "dash": run_dash(i)},
+        "marker": {"size": 6},
+        "customdata": [[ev.get("step"), ev.get("tokens")] for ev in evs],
+        "meta": {**_run_meta(s, "series"), "metric": t(metric), "unit": t(unit)},
+        "hovertemplate": "%{meta.run}<br>step %{customdata[0]:,}, %{customdata[1]:,} tokens"
+        "<br>%{meta.metric} %{y:.4f} %{meta.unit}",
+    }
+
+
+def _x_values(s: Mapping[str, Any], x: str) -> list[float | None]:
+    if x == "seconds":
+        return eval_seconds(s)
+    return [_finite(ev.get(x)) for ev in s.get("evaluations", [])]
+
+
+def validation_figure(
+    summaries: Sequence[Mapping[str, Any]], labels: Sequence[str], x: str, x_title: str
+) -> Any:
+    """Each run's target metric against ``x`` (``seconds``, ``tokens`` or ``updates``),
+    the targets as dashed lines, and a ring on each run's confirming evaluation."""
+    data = []
+    for i, (s, label) in enumerate(zip(summaries, labels, strict=True)):
+        xs = _x_values(s, x)
+        trace = _eval_trace(s, i, label, xs, s["run"]["target_metric"], _unit(s))
+        data.append(trace)
         confirming = s["time_to_target"].get("evaluation") or {}
-        for i, ev in enumerate(s.get("evaluations", [])):
-            x = seconds[i] if seconds is not None else _finite(ev.get(axis))
-            y = _finite((ev.get("metrics") or {}).get(metric))
-            if x is None or y is None:
-                points.append(None)  # a gap: a failed measurement is not drawn as a value
+        for j, ev in enumerate(s.get("evaluations", [])):
+            if not confirming or ev.get("id") != confirming.get("id"):
                 continue
-            points.append((x, y))
-            if confirming and ev.get("id") == confirming.get("id"):
-                confirm = (x, y, ev)
-        curves.append({"index": index, "summary": s, "points": points, "confirm": confirm})
-    return curves
-
-
-def line_chart(summaries: Sequence[Mapping[str, Any]], axis: str, xlabel: str) -> str:
-    """Validation loss against ``axis`` (seconds, tokens or updates), one series per run."""
-    curves = _curves(summaries, axis)
-    pts = [p for c in curves for p in c["points"] if p is not None]
-    thresholds = sorted({float(s["run"]["target_value"]) for s in summaries})
-    metrics = sorted({str(s["run"]["target_metric"]) for s in summaries})
-    xs_all = [p[0] for p in pts] or [0.0, 1.0]
-    ys_all = [p[1] for p in pts] + thresholds
-    y_lo, y_hi = min(ys_all), max(ys_all)
-    pad = (y_hi - y_lo) * 0.06 or 0.5
-    # A little room on the right so the last ring is not cut by the frame.
-    xs = Scale(min(0.0, *xs_all), max(xs_all) * 1.03, LEFT, W - RIGHT)
-    ys = Scale(y_lo - pad, y_hi + pad, H - BOTTOM, TOP)
-    body = axes(xs, ys, xlabel, f"validation {', '.join(metrics)}")
-    for t in thresholds:
-        y = ys(t)
-        body.append(
-            f'<g class="target"><line x1="{LEFT}" y1="{y:.1f}" x2="{W - RIGHT}" y2="{y:.1f}" '
-            f'stroke="#000" stroke-width="1.5" stroke-dasharray="8 4"/>'
-            f'<text x="{LEFT + 6}" y="{y - 5:.1f}">target '
-            f"{e(f'{t:g}')}</text><title>target {e(f'{t:g}')}</title></g>"
-        )
-    for c in curves:
-        s, i = c["summary"], c["index"]
-        color, run_id = run_color(i), s["run"]["id"]
-        segments: list[list[tuple[float, float]]] = [[]]
-        for p in c["points"]:
-            if p is None:
-                segments.append([])
-            else:
-                segments[-1].append(p)
-        parts = [f'<g class="series" data-run="{e(run_id)}"><title>{e(run_id)}</title>']
-        for seg in segments:
-            if len(seg) > 1:
-                coords = " ".join(f"{xs(x):.1f},{ys(y):.1f}" for x, y in seg)
-                parts.append(
-                    f'<polyline points="{coords}" fill="none" stroke="{color}" '
-                    f'stroke-width="2"{_dash(i)}/>'
-                )
-            for x, y in seg:
-                parts.append(f'<circle cx="{xs(x):.1f}" cy="{ys(y):.1f}" r="2.5" fill="{color}"/>')
-        parts.append("</g>")
-        body.append("".join(parts))
-        if c["confirm"] is not None:
-            x, y, ev = c["confirm"]
+            if trace["x"][j] is None or trace["y"][j] is None:
+                continue
             ttt = s["time_to_target"]["seconds"]
-            label = (
-                f"{run_id}: target confirmed at step {ev.get('step')}, "
-                f"{ev.get('tokens')} tokens, {ttt:.1f} s"
+            text = (
+                f"{s['run']['id']}: target confirmed at step {ev.get('step')}, "
+                f"{ev.get('tokens'):,} tokens, {ttt:,.1f} s"
             )
-            body.append(
-                f'<g class="confirm" data-run="{e(run_id)}"><circle cx="{xs(x):.1f}" '
-                f'cy="{ys(y):.1f}" r="7" fill="none" stroke="{color}" stroke-width="2.5"/>'
-                f'<line x1="{xs(x):.1f}" y1="{ys(y) + 7:.1f}" x2="{xs(x):.1f}" '
-                f'y2="{H - BOTTOM}" stroke="{color}" stroke-dasharray="2 2"/>'
-                f"<title>{e(label)}</title></g>"
+            data.append(
+                {
+                    "type": "scatter",
+                    "mode": "markers",
+                    "x": [trace["x"][j]],
+                    "y": [trace["y"][j]],
+                    "name": "target confirmed",
+                    "legendgroup": f"run-{i}",
+                    "showlegend": False,
+                    "marker": {
+                        "symbol": "circle-open",
+                        "size": 16,
+                        "color": run_color(i),
+                        "line": {"width": 2.5, "color": run_color(i)},
+                    },
+                    "hovertext": [t(text)],
+                    "hovertemplate": "%{hovertext}<extra></extra>",
+                    "meta": _run_meta(s, "confirm"),
+                }
             )
-    return chart_svg(axis, body, f"validation loss against {xlabel}")
+    thresholds = sorted({float(s["run"]["target_value"]) for s in summaries})
+    shapes = [
+        {
+            "type": "line",
+            "xref": "paper",
+            "x0": 0,
+            "x1": 1,
+            "yref": "y",
+            "y0": v,
+            "y1": v,
+            "line": {"color": "#000", "width": 1.5, "dash": "dash"},
+            "label": {
+                "text": f"target {v:g}",
+                "textposition": "start",
+                "yanchor": "bottom",
+                "font": {"size": 11},
+            },
+        }
+        for v in thresholds
+    ]
+    metrics = ", ".join(dict.fromkeys(str(s["run"]["target_metric"]) for s in summaries))
+    units = ", ".join(dict.fromkeys(_unit(s) for s in summaries))
+    return figure(
+        data,
+        layout(
+            axis(x_title, rangemode="tozero"),
+            axis(t(f"validation {metrics} ({units})")),
+            log_toggle=True,
+            shapes=shapes,
+        ),
+    )
+
+
+def has_bpb(summaries: Sequence[Mapping[str, Any]]) -> bool:
+    return any(
+        _finite((ev.get("metrics") or {}).get("bpb")) is not None
+        for s in summaries
+        for ev in s.get("evaluations", [])
+    )
+
+
+def bpb_figure(summaries: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> Any:
+    """Validation bits per byte against tokens: comparable across tokenizers."""
+    data = [
+        _eval_trace(s, i, label, _x_values(s, "tokens"), "bpb", "bit/byte")
+        for i, (s, label) in enumerate(zip(summaries, labels, strict=True))
+    ]
+    return figure(data, layout(axis(TOKENS, rangemode="tozero"), axis(BPB), log_toggle=True))
+
+
+# ---------------------------------------------------------------------------- per update
+
+Series = Callable[[Sequence[Mapping[str, Any]]], tuple[list[int], list[float | None]]]
+
+
+def _column(name: str) -> Series:
+    def get(rows: Sequence[Mapping[str, Any]]) -> tuple[list[int], list[float | None]]:
+        return [int(r["step"]) for r in rows], [_finite(r.get(name)) for r in rows]
+
+    return get
+
+
+# name, series, y axis title, unit in hover, hover format, smoothed, log switch
+UPDATE_PANELS: tuple[tuple[str, Series, str, str, str, bool, bool], ...] = (
+    ("train-loss", _column("loss"), TRAIN_LOSS, "nat/token", ".4f", True, True),
+    ("lr", _column("lr"), LEARNING_RATE, "", ".4g", False, False),
+    ("grad-norm", _column("grad_norm"), GRAD_NORM, "", ".4g", True, True),
+    ("throughput", tokens_per_second, THROUGHPUT, "tokens/s", ",.0f", True, False),
+)
+
+
+def update_figure(
+    summaries: Sequence[Mapping[str, Any]],
+    labels: Sequence[str],
+    steps: Mapping[str, Sequence[Mapping[str, Any]]],
+    panel: tuple[str, Series, str, str, str, bool, bool],
+) -> Any:
+    """One per-update quantity against optimizer updates, per run: faint as recorded and,
+    when ``smooth``, solid as its debiased moving average."""
+    _, series, y_title, unit, fmt, smooth, log_toggle = panel
+    data = []
+    for i, (s, label) in enumerate(zip(summaries, labels, strict=True)):
+        xs, ys = series(steps.get(s["run"]["id"]) or [])
+        if not xs:
+            continue
+        keep = thin(len(xs))
+        hover = f"%{{meta.run}}<br>update %{{x:,}}<br>%{{y:{fmt}}} {unit}".rstrip()
+        base = {
+            "type": "scatter",
+            "mode": "lines",
+            "x": [xs[k] for k in keep],
+            "legendgroup": f"run-{i}",
+            "name": t(label),
+        }
+        if smooth:
+            data.append(
+                {
+                    **base,
+                    "y": [_sig(ys[k]) for k in keep],
+                    "showlegend": False,
+                    "opacity": 0.3,
+                    "line": {"color": run_color(i), "width": 1, "dash": run_dash(i)},
+                    "meta": _run_meta(s, "raw"),
+                    "hovertemplate": hover + " (raw)",
+                }
+            )
+            smoothed = ema(ys)
+            data.append(
+                {
+                    **base,
+                    "y": [_sig(smoothed[k]) for k in keep],
+                    "line": {"color": run_color(i), "width": 2, "dash": run_dash(i)},
+                    "meta": _run_meta(s, "smoothed"),
+                    "hovertemplate": hover + f" (moving average, weight {SMOOTHING:g})",
+                }
+            )
+        else:
+            data.append(
+                {
+                    **base,
+                    "y": [_sig(ys[k]) for k in keep],
+                    "line": {"color": run_color(i), "width": 2, "dash": run_dash(i)},
+                    "meta": _run_meta(s, "value"),
+                    "hovertemplate": hover,
+                }
+            )
+    return figure(
+        data,
+        layout(
+            axis(UPDATES, rangemode="tozero"),
+            axis(y_title, exponentformat="e" if y_title == LEARNING_RATE else "B"),
+            log_toggle=log_toggle,
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------- phases
 
 
 def _phase_kinds(summaries: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -172,67 +463,79 @@ def _phase_color(kind: str, kinds: Sequence[str]) -> str:
     return OTHER_PHASE_COLORS[others.index(kind) % len(OTHER_PHASE_COLORS)]
 
 
-def phase_bars(summaries: Sequence[Mapping[str, Any]]) -> str:
-    """Stacked horizontal bar of phase seconds per run; a tick marks time-to-target."""
+def phase_figure(summaries: Sequence[Mapping[str, Any]]) -> Any:
+    """Stacked horizontal bars of phase seconds per run (one trace per phase kind); a
+    tick marks time-to-target, and a run that missed its target says so."""
     kinds = _phase_kinds(summaries)
-    row_h, bar_h = 46, 20
-    height = TOP + row_h * len(summaries) + BOTTOM
-    longest = max((float(s.get("total_seconds") or 0.0) for s in summaries), default=0.0)
-    xs = Scale(0.0, longest or 1.0, LEFT, W - RIGHT)
-    body = []
-    for t in nice_ticks(xs.lo, xs.hi):
-        x = xs(t)
-        body.append(
-            f'<line x1="{x:.1f}" y1="{TOP}" x2="{x:.1f}" y2="{height - BOTTOM}" stroke="#eee"/>'
-            f'<text x="{x:.1f}" y="{height - BOTTOM + 16}" text-anchor="middle">'
-            f"{e(fmt_tick(t))}</text>"
+    ids = [t(s["run"]["id"]) for s in summaries]
+    data: list[dict[str, Any]] = []
+    for kind in kinds:
+        data.append(
+            {
+                "type": "bar",
+                "orientation": "h",
+                "name": t(kind),
+                "y": ids,
+                "x": [_finite(s.get("phase_totals", {}).get(kind)) or 0.0 for s in summaries],
+                "marker": {
+                    "color": _phase_color(kind, kinds),
+                    "line": {"color": "#fff", "width": 0.5},
+                },
+                "meta": {"role": "phase", "phase": t(kind)},
+                "hovertemplate": "%{y}<br>%{meta.phase} %{x:,.1f} s<extra></extra>",
+            }
         )
-    body.append(
-        f'<text x="{(LEFT + W - RIGHT) / 2:.0f}" y="{height - 12}" text-anchor="middle">'
-        "wall time (s) per phase kind, whole run</text>"
-    )
-    for i, s in enumerate(summaries):
-        run_id = s["run"]["id"]
-        y = TOP + i * row_h + 16
-        body.append(
-            f'<text x="{LEFT}" y="{y - 4}" class="barlabel">{e(run_id)}</text>'
-            f'<g class="bar" data-run="{e(run_id)}">'
+    reached = [
+        (t(s["run"]["id"]), s["time_to_target"]["seconds"])
+        for s in summaries
+        if s["time_to_target"]["reached"] and s["time_to_target"]["seconds"] is not None
+    ]
+    if reached:
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": "time to target",
+                "y": [r for r, _ in reached],
+                "x": [v for _, v in reached],
+                "marker": {
+                    "symbol": "line-ns-open",
+                    "size": 26,
+                    "color": "#000",
+                    "line": {"width": 3, "color": "#000"},
+                },
+                "meta": {"role": "ttt"},
+                "hovertemplate": "%{y}<br>time to target %{x:,.1f} s<extra></extra>",
+            }
         )
-        x0 = 0.0
-        for kind in kinds:
-            sec = _finite(s.get("phase_totals", {}).get(kind)) or 0.0
-            if sec <= 0:
-                continue
-            body.append(
-                f'<rect class="phase" data-phase="{e(kind)}" x="{xs(x0):.1f}" y="{y}" '
-                f'width="{max(xs(x0 + sec) - xs(x0), 0.5):.1f}" height="{bar_h}" '
-                f'fill="{_phase_color(kind, kinds)}" stroke="#fff" stroke-width="0.5">'
-                f"<title>{e(run_id)}: {e(kind)} {sec:,.1f} s</title></rect>"
-            )
-            x0 += sec
-        body.append("</g>")
-        ttt = s["time_to_target"]
-        if ttt["reached"] and ttt["seconds"] is not None:
-            x = xs(ttt["seconds"])
-            body.append(
-                f'<g class="ttt" data-run="{e(run_id)}"><line x1="{x:.1f}" y1="{y - 3}" '
-                f'x2="{x:.1f}" y2="{y + bar_h + 3}" stroke="#000" stroke-width="2.5"/>'
-                f"<title>{e(run_id)}: time to target {ttt['seconds']:,.1f} s</title></g>"
-            )
-        else:
-            body.append(
-                f'<text x="{xs(x0) + 6:.1f}" y="{y + 15}" fill="#b00">target not reached</text>'
-            )
-    legend = " ".join(
-        f'<span class="key"><span class="swatch" style="background:{_phase_color(k, kinds)}">'
-        f"</span>{e(k)}</span>"
-        for k in kinds
+    missed = [
+        {
+            "x": float(s.get("total_seconds") or 0.0),
+            "y": i,  # a category axis: annotations place by the category's index
+            "text": "target not reached",
+            "xanchor": "left",
+            "xshift": 6,
+            "showarrow": False,
+            "font": {"color": "#b00"},
+        }
+        for i, s in enumerate(summaries)
+        if not s["time_to_target"]["reached"]
+    ]
+    return figure(
+        data,
+        layout(
+            axis(WALL_TIME + ", per phase kind, whole run", rangemode="tozero"),
+            axis(RUN, autorange="reversed", type="category"),
+            height=140 + 46 * len(summaries),
+            barmode="stack",
+            annotations=missed,
+            # above the bars: under them, a short figure's legend would cover the x title
+            legend={**LEGEND, "traceorder": "normal", "y": 1.02, "yanchor": "bottom"},
+        ),
     )
-    svg = chart_svg("phases", body, "phase times per run", height)
-    return (
-        f'{svg}<p class="legend">{legend} <span class="key">'
-        f'<span class="tick"></span>time to target</span></p>'
-    )
+
+
+# ---------------------------------------------------------------------------- tables
 
 
 def _num(v: Any, fmt: str = ",") -> str:
@@ -241,6 +544,21 @@ def _num(v: Any, fmt: str = ",") -> str:
 
 def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def _swatch(i: int) -> str:
+    return f'<span class="swatch" style="background:{run_color(i)}"></span>'
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "compare") -> str:
+    """A table in a box that scrolls sideways itself, so the page never does."""
+    return (
+        f'<div class="scroll"><table class="{cls}"><thead><tr>'
+        + "".join(f"<th>{e(h)}</th>" for h in head)
+        + "</tr></thead><tbody>"
+        + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+        + "</tbody></table></div>"
+    )
 
 
 def comparison_html(result: Mapping[str, Any]) -> str:
@@ -263,19 +581,20 @@ def comparison_html(result: Mapping[str, Any]) -> str:
             why += "; recipe: " + "; ".join(c["recipe_diff"][:6])
             if len(c["recipe_diff"]) > 6:
                 why += f"; ... {len(c['recipe_diff']) - 6} more"
-        cells = [
-            f'<span class="swatch" style="background:{run_color(i)}"></span>{e(f["id"])}',
-            e(f["seed"]),
-            e(ttt),
-            _num(f["steps_to_target"]),
-            _num(f["tokens_to_target"]),
-            _num(f["updates_to_target"]),
-            _num(f["train_step_seconds"], ".4f"),
-            *(_pct(f["shares"].get(k)) for k in ("prep", "tokenize", "eval", "checkpoint")),
-            "baseline" if c is None else e(c["class"]),
-            e(why),
-        ]
-        rows.append("<tr>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>")
+        rows.append(
+            [
+                _swatch(i) + e(f["id"]),
+                e(f["seed"]),
+                e(ttt),
+                _num(f["steps_to_target"]),
+                _num(f["tokens_to_target"]),
+                _num(f["updates_to_target"]),
+                _num(f["train_step_seconds"], ".4f"),
+                *(_pct(f["shares"].get(k)) for k in ("prep", "tokenize", "eval", "checkpoint")),
+                "baseline" if c is None else e(c["class"]),
+                e(why),
+            ]
+        )
     groups = []
     for g in result["seed_groups"]:
         if g["n"] < 2:
@@ -294,13 +613,7 @@ def comparison_html(result: Mapping[str, Any]) -> str:
             f"<li>{e(', '.join(g['runs']))} (seeds {e(seeds)}): reached "
             f"{g['n_reached']}/{g['n']}; {e(spread)}</li>"
         )
-    out = (
-        '<table class="compare"><thead><tr>'
-        + "".join(f"<th>{e(h)}</th>" for h in head)
-        + "</tr></thead><tbody>"
-        + "".join(rows)
-        + "</tbody></table>"
-    )
+    out = _table(head, rows)
     if groups:
         out += "<h3>Seed groups</h3><ul>" + "".join(groups) + "</ul>"
     out += f'<p class="final">{e(result["final_figure"])}</p>'
@@ -317,74 +630,106 @@ def mixture_html(summaries: Sequence[Mapping[str, Any]]) -> str:
     for i, s in enumerate(summaries):
         finals = final_domain_losses(s)
         for r in realised(s):
-            cells = [
-                f'<span class="swatch" style="background:{run_color(i)}"></span>'
-                f"{e(s['run']['id'])}",
-                e(r["domain"]),
-                _num(r["weight"], ".4f"),
-                _num(r["tokens"]),
-                _num(r["share"], ".4f"),
-                _num(r["exposure"], ".3g"),
-                _num(finals.get(r["domain"]), ".4f"),
-            ]
-            rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+            rows.append(
+                [
+                    _swatch(i) + e(s["run"]["id"]),
+                    e(r["domain"]),
+                    _num(r["weight"], ".4f"),
+                    _num(r["tokens"]),
+                    _num(r["share"], ".4f"),
+                    _num(r["exposure"], ".3g"),
+                    _num(finals.get(r["domain"]), ".4f"),
+                ]
+            )
     if not rows:
         return ""
-    return (
-        "<h2>Mixture: configured and consumed</h2>"
-        '<table class="compare"><thead><tr>'
-        + "".join(f"<th>{e(h)}</th>" for h in head)
-        + "</tr></thead><tbody>"
-        + "".join(rows)
-        + "</tbody></table>"
-    )
+    return "<h2>Mixture: configured and consumed</h2>" + _table(head, rows)
 
 
-def render_report(summaries: list[dict]) -> str:
-    """The whole report page for ``summaries`` (``Ledger.run_summary`` dicts), as HTML."""
-    if not summaries:
-        raise ValueError("a report needs at least one run")
-    result = compare_runs(summaries)
-    runs = []
-    for i, s in enumerate(summaries):
+# ---------------------------------------------------------------------------- the page
+
+
+def _run_list(summaries: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> str:
+    items = []
+    for i, (s, label) in enumerate(zip(summaries, labels, strict=True)):
         r, ttt = s["run"], s["time_to_target"]
         verdict = (
             f"target reached at step {ttt['step']} after {ttt['seconds']:,.1f} s"
             if ttt["reached"]
             else "target NOT reached"
         )
-        threshold = f"{r['target_value']:g}"
         last = s["evaluations"][-1]["metrics"] if s["evaluations"] else {}
-        if last.get("bpb") is not None:  # comparable across tokenizers
+        if _finite(last.get("bpb")) is not None:  # comparable across tokenizers
             verdict += f"; final validation {last['bpb']:.4f} bits per byte"
-        runs.append(
-            f'<li><span class="swatch" style="background:{run_color(i)}"></span>'
-            f"<b>{e(r['id'])}</b> (recipe {e(r.get('name'))}, status {e(r.get('status'))}): "
-            f"val {e(r['target_metric'])} &lt;= {e(threshold)}; "
-            f"{e(verdict)}</li>"
+        items.append(
+            f"<li>{_swatch(i)}<b>{e(r['id'])}</b> [{e(label)}] (recipe {e(r.get('name'))}, "
+            f"status {e(r.get('status'))}): val {e(r['target_metric'])} &lt;= "
+            f"{e(format(r['target_value'], 'g'))} {e(_unit(s))}; {e(verdict)}</li>"
         )
-    charts = [
-        ("seconds", "wall time (s): all phases up to the evaluation"),
-        ("tokens", "tokens seen"),
-        ("updates", "optimizer updates"),
-    ]
-    sections = "".join(
-        f"<h2>Validation loss against {e(label.split(':')[0])}</h2>"
-        f"{line_chart(summaries, axis, label)}"
-        for axis, label in charts
-    )
-    title = f"ledgerlm report: {len(summaries)} run(s)"
-    body = (
-        f"<h1>{e(title)}</h1>"
+    return f"<ul class='runs'>{''.join(items)}</ul>"
+
+
+def render_report(
+    summaries: list[dict],
+    steps: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+) -> str:
+    """The whole report page for ``summaries`` (``Ledger.run_summary`` dicts), as HTML.
+
+    ``steps``: per run id, its per-update rows (``Ledger.steps``) for the training loss,
+    learning rate, grad norm and throughput panels; without them the page says so."""
+    if not summaries:
+        raise ValueError("a report needs at least one run")
+    steps = steps or {}
+    result = compare_runs(summaries)
+    labels = recipe_labels(summaries)
+    sections = [
         "<p>Each evaluation is a point; the dashed black line is the target; a ring marks "
-        "the evaluation that first confirmed it (time-to-target ends there). The first run "
-        "is the baseline of the comparison.</p>"
-        f"<ul class='runs'>{''.join(runs)}</ul>"
-        f"{sections}"
-        "<h2>Time per phase</h2>"
-        f"{phase_bars(summaries)}"
-        f"{mixture_html(summaries)}"
-        "<h2>Comparison</h2>"
-        f"{comparison_html(result)}"
+        "the evaluation that first confirmed it (time-to-target ends there). Legend labels "
+        "name the recipe keys that differ between the runs; hover a point for its run id, "
+        "drag to zoom (double-click resets), click a legend entry to hide a run. The first "
+        "run is the baseline of the comparison.</p>",
+        _run_list(summaries, labels),
+    ]
+    charts = (
+        ("seconds", WALL_TIME, "wall time (all phases up to the evaluation)"),
+        ("tokens", TOKENS, "tokens seen"),
+        ("updates", UPDATES, "optimizer updates"),
     )
-    return page(title, body)
+    for x, x_title, heading in charts:
+        sections.append(
+            f"<h2>Validation loss against {e(heading)}</h2>"
+            + figure_html(f"val-{x}", validation_figure(summaries, labels, x, x_title))
+        )
+    if has_bpb(summaries):
+        sections.append(
+            "<h2>Validation bits per byte against tokens seen</h2>"
+            + figure_html("bpb-tokens", bpb_figure(summaries, labels))
+        )
+    sections.append("<h2>Training, per optimizer update</h2>")
+    if any(steps.get(s["run"]["id"]) for s in summaries):
+        longest = max(len(steps.get(s["run"]["id"]) or []) for s in summaries)
+        thinned = (
+            f" Runs with more than {MAX_POINTS:,} updates are drawn from {MAX_POINTS:,} "
+            "evenly spaced updates; the average runs over all of them."
+            if longest > MAX_POINTS
+            else ""
+        )
+        sections.append(
+            "<p>Faint lines are the values recorded at each update, solid lines their "
+            f"exponential moving average (weight {SMOOTHING:g}, debiased at the start, as "
+            "TensorBoard smooths). The grad norm is the L2 norm before clipping; throughput "
+            f"is each update's tokens over its wall seconds.{thinned}</p>"
+        )
+        for panel in UPDATE_PANELS:
+            sections.append(figure_html(panel[0], update_figure(summaries, labels, steps, panel)))
+    else:
+        sections.append('<p class="note">No per-update rows were given for these runs.</p>')
+    sections += [
+        "<h2>Time per phase</h2>",
+        figure_html("phases", phase_figure(summaries)),
+        mixture_html(summaries),
+        "<h2>Comparison</h2>",
+        comparison_html(result),
+    ]
+    title = f"ledgerlm report: {len(summaries)} run(s)"
+    return page(title, f"<h1>{e(title)}</h1>{''.join(sections)}")

@@ -479,6 +479,11 @@ class IsoFlopFit:
     rule: str  # how points were grouped into budgets
     grouped: int = 0  # points in a profile
     dropped: tuple[tuple[str, int], ...] = ()  # (reason, points) left out
+    labels: tuple[float, ...] = ()  # per input point: its profile's level; NaN if in none
+
+    def members(self, profile: IsoFlopProfile) -> np.ndarray:
+        """Which input points ``profile`` was fitted on (a boolean mask)."""
+        return np.asarray(self.labels, dtype=np.float64) == profile.level
 
     @property
     def warnings(self) -> list[str]:
@@ -561,6 +566,7 @@ def isoflop_fit(
         g = labels == level
         if g.sum() < min_points:
             small += int(g.sum())
+            labels[g] = np.nan
             continue
         x = np.log(N[g])
         c2, c1, c0 = np.polyfit(x, loss[g], 2)
@@ -604,4 +610,5 @@ def isoflop_fit(
         rule=rule,
         grouped=int(sum(p.n for p in profiles)),
         dropped=tuple(dropped),
+        labels=tuple(float(x) for x in labels),
     )

@@ -13,6 +13,7 @@ from ledgerlm.cli import (
     data_cmd,
     export_cmd,
     ledger_cmd,
+    lessons_cmd,
     mix_cmd,
     report_cmd,
     scale_cmd,
@@ -88,6 +89,7 @@ app.add_typer(export_cmd.app, name="export")
 app.add_typer(scale_cmd.app, name="scale")
 app.add_typer(mix_cmd.app, name="mix")
 app.command("report")(report_cmd.report)
+app.command("lessons")(lessons_cmd.lessons)
 
 
 def _print_result(result: RunResult) -> None:

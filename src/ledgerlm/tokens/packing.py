@@ -63,6 +63,20 @@ def position_ids(doc_ids: np.ndarray, reset: bool) -> np.ndarray:
     return idx - seg_start
 
 
+def target_validity(doc_ids: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Validity marked on the *predicted* token of full rows (..., T+1): token i is a
+    supervised target when it and the token before it are real and of one segment.
+
+    Position 0 predicts nothing (no prefix), so it is always False; ``[..., 1:]`` is
+    the label mask ``m_i = 1[c_i = c_{i+1}]`` of the T prediction rows. Seed 003, 3.2:
+    two packed documents A, B of 4 tokens each give [0,1,1,1,0,1,1,1].
+    """
+    doc_ids, valid = np.asarray(doc_ids), np.asarray(valid, bool)
+    out = np.zeros(valid.shape, dtype=bool)
+    out[..., 1:] = valid[..., :-1] & valid[..., 1:] & (doc_ids[..., :-1] == doc_ids[..., 1:])
+    return out
+
+
 def make_batch(
     tokens: np.ndarray,
     doc_ids: np.ndarray,
@@ -75,7 +89,7 @@ def make_batch(
     if domains is None:
         domains = np.zeros_like(doc_ids)
     in_docs = np.where(valid[:, :-1], doc_ids[:, :-1], -1)
-    loss_mask = valid[:, :-1] & valid[:, 1:] & (doc_ids[:, :-1] == doc_ids[:, 1:])
+    loss_mask = target_validity(doc_ids, valid)[:, 1:]
     return Batch(
         input_ids=torch.from_numpy(np.ascontiguousarray(tokens[:, :-1], dtype=np.int64)),
         targets=torch.from_numpy(np.ascontiguousarray(tokens[:, 1:], dtype=np.int64)),

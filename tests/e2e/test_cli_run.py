@@ -1,7 +1,11 @@
 """End to end through the console script on the tiny recipe."""
 
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -285,3 +289,14 @@ def test_output_sent_to_a_file_shows_progress_as_it_happens(tmp_path, monkeypatc
     assert re.search(r"train \d+/30 \(\d+%\) ETA [\d,]+ s loss [\d.]+ lr \S+ tok/s [\d,]+", out)
     planned = ledgerlm("mix", "plan", str(TINY), "-w", ws, "--json").stdout
     assert json.loads(planned)["budget_tokens"] > 0
+
+
+def test_ledger_list_never_cuts_a_run_id_in_a_narrow_terminal(tiny_workspace):
+    exe = Path(sys.executable).with_name("ledgerlm")
+    shown = subprocess.run(
+        [str(exe), "ledger", "list", "-w", str(tiny_workspace)],
+        capture_output=True, text=True, env={**os.environ, "COLUMNS": "80"}, check=True,
+    ).stdout  # fmt: skip
+    runs = json.loads(ledgerlm("ledger", "list", "-w", str(tiny_workspace), "--json").stdout)
+    assert runs and all(r["id"] in shown for r in runs)
+    assert all(r["data_version"][:12] in shown for r in runs)

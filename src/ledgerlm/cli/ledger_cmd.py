@@ -51,14 +51,20 @@ def list_runs(workspace: WorkspaceOpt = DEFAULT_WS, as_json: JsonOpt = False) ->
         console.print_json(json.dumps(runs))
         return
     t = Table(show_edge=False)
-    for col in ("run", "created", "status", "data", "tokens"):
+    # a run id is what the user copies into the next command: never cut
+    t.add_column("run", min_width=max((len(r["id"]) for r in runs), default=3), no_wrap=True)
+    for col in ("created", "status"):
         t.add_column(col)
+    for col in ("data", "tokens"):
+        t.add_column(col, min_width=12, no_wrap=True)
     for r in runs:
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"]))
         status = r["status"]
         if status == "interrupted" and r.get("last_seen"):
             status += f" (last seen {time.strftime('%H:%M:%S', time.localtime(r['last_seen']))})"
-        cells = (r["id"], created, status, r["data_version"] or "-", r["tokens_version"] or "-")
+        # versions by a 12-character prefix, which every command accepts
+        data, tokens = ((v or "-")[:12] for v in (r["data_version"], r["tokens_version"]))
+        cells = (r["id"], created, status, data, tokens)
         t.add_row(*map(escape, cells))
     console.print(t)
 

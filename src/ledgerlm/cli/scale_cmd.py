@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ledgerlm.cli import scale_fit
+from ledgerlm.cli import scale_fit, scale_serving
 from ledgerlm.cli.ui import (
     DEFAULT_WS,
     JsonOpt,
@@ -244,3 +244,4 @@ def _points_table(found, title: str) -> Table:
 
 app.command("fit")(scale_fit.fit_cmd)
 app.command("recommend")(scale_fit.recommend_cmd)
+app.command("serving-cost")(scale_serving.serving_cost_cmd)

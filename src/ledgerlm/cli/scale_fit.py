@@ -383,6 +383,7 @@ def recommend_cmd(
         raise ValueError("--tokens-per-request must be a positive number")
     if serving is not None and serving_kappa is not None:
         raise ValueError("give --serving FILE or --serving-flops-per-param K, not both")
+    used: dict[str, Any]
     if serving is not None:
         from ledgerlm.lab.serving import read_serving_cost
 

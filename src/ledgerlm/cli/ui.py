@@ -26,6 +26,37 @@ from rich.progress import (
 from ledgerlm.ledger.store import LedgerError
 from ledgerlm.workspace import DEFAULT_WORKSPACE
 
+
+def _reflow(paragraphs: list[str], markup_mode: Any = None) -> str:
+    """A command's help paragraphs with their hard line breaks joined, so rich wraps them
+    to the terminal (recent typer keeps the docstring's breaks, and a narrow terminal
+    then wraps each line again, raggedly). A line that starts a list item, and a
+    paragraph marked with \\b, keep their breaks."""
+    out = []
+    for paragraph in paragraphs:
+        if paragraph.startswith("\b"):
+            out.append(paragraph)
+            continue
+        lines: list[str] = []
+        for line in paragraph.split("\n"):
+            item = line.lstrip().startswith(("- ", "* ")) or line[:1].isspace()
+            if lines and not item:
+                lines[-1] += " " + line.strip()
+            else:
+                lines.append(line)
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
+
+
+def _reflow_help() -> None:
+    import typer.rich_utils
+
+    if hasattr(typer.rich_utils, "_fix_linebreaks"):
+        typer.rich_utils._fix_linebreaks = _reflow
+
+
+_reflow_help()
+
 console = Console()
 err_console = Console(stderr=True)
 

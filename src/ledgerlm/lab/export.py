@@ -3,9 +3,12 @@ stored recipe and checkpoint rebuild the model, ``model.export.export_hf`` write
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from ledgerlm.config import load_recipe
+from ledgerlm.config import Recipe, load_recipe
 from ledgerlm.ledger.store import Ledger
 from ledgerlm.model.export import ExportError, check_target, export_hf
 from ledgerlm.model.gpt import GPT
@@ -13,8 +16,30 @@ from ledgerlm.train.checkpoint import STATE, load_checkpoint
 from ledgerlm.workspace import Workspace, read_json
 
 
-def export_run(workspace: Workspace, run_ref: str, out_dir: Path, *, force: bool = False) -> Path:
-    """Rebuild a run's model from its stored recipe and checkpoint, then ``export_hf`` it."""
+@dataclass
+class RunModel:
+    """A run's model rebuilt from its stored recipe and checkpoint."""
+
+    run_id: str
+    model: GPT
+    recipe: Recipe
+    tokens_version: str
+    tokenizer: dict[str, Any]  # the tokens manifest's tokenizer entry
+
+
+def load_run_model(
+    workspace: Workspace,
+    run_ref: str,
+    *,
+    purpose: str = "export",
+    before_load: Callable[[], None] | None = None,
+) -> RunModel:
+    """The model of run ``run_ref`` (id, unique part or ``latest``) with its weights.
+
+    Raises ``ExportError`` (one line) when there is no ledger, the run has no
+    checkpoint ("no checkpoint to <purpose>"), or its recipe does not match the
+    checkpoint. ``before_load`` runs once the run is known to have a checkpoint and
+    before the (slower) model load: a check of the caller's own."""
     if not workspace.ledger_path.is_file():
         raise ExportError(f"{workspace.ledger_path}: no ledger here (run something first)")
     with Ledger(workspace.ledger_path) as ledger:
@@ -23,8 +48,9 @@ def export_run(workspace: Workspace, run_ref: str, out_dir: Path, *, force: bool
     run_dir = workspace.run_dir(run_id)
     checkpoint = run_dir / "checkpoint"
     if tokens_version is None or not (checkpoint / STATE).is_file():
-        raise ExportError(f"run {run_id} has no checkpoint to export")
-    check_target(Path(out_dir), force)  # fail before the (slower) model load
+        raise ExportError(f"run {run_id} has no checkpoint to {purpose}")
+    if before_load is not None:
+        before_load()
     recipe = load_recipe(run_dir / "recipe.toml")
     tok = workspace.manifest("tokens", tokens_version)["tokenizer"]
     model = GPT(recipe.model, int(tok["vocab_size"]))
@@ -32,11 +58,19 @@ def export_run(workspace: Workspace, run_ref: str, out_dir: Path, *, force: bool
     if recorded is not None and recorded != recipe.digest():
         raise ExportError(f"{run_dir / 'recipe.toml'} does not match the run's checkpoint")
     load_checkpoint(checkpoint, model)
+    return RunModel(run_id, model, recipe, tokens_version, tok)
+
+
+def export_run(workspace: Workspace, run_ref: str, out_dir: Path, *, force: bool = False) -> Path:
+    """Rebuild a run's model from its stored recipe and checkpoint, then ``export_hf`` it."""
+    loaded = load_run_model(
+        workspace, run_ref, before_load=lambda: check_target(Path(out_dir), force)
+    )
     return export_hf(
-        model.eval(),
+        loaded.model.eval(),
         out_dir,
-        tokenizer_path=workspace.version_dir("tokens", tokens_version) / "tokenizer.json",
-        special=tok["special"],
-        max_positions=recipe.pack.seq_len,
+        tokenizer_path=workspace.version_dir("tokens", loaded.tokens_version) / "tokenizer.json",
+        special=loaded.tokenizer["special"],
+        max_positions=loaded.recipe.pack.seq_len,
         force=force,
     )

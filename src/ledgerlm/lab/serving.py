@@ -36,12 +36,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ledgerlm.config import ModelConfig, load_recipe
-from ledgerlm.ledger.store import Ledger
+from ledgerlm.config import ModelConfig
+from ledgerlm.lab.export import load_run_model
 from ledgerlm.model.decode import Decoder, flops_per_token
 from ledgerlm.model.gpt import GPT
 from ledgerlm.scaling.sweep import N_DEFINITION, heads_for
-from ledgerlm.train.checkpoint import STATE, load_checkpoint
 from ledgerlm.workspace import DEFAULT_WORKSPACE, Workspace, read_json
 
 SCHEMA = "ledgerlm.serving_cost"
@@ -86,27 +85,6 @@ def parse_shape(text: str) -> tuple[ModelConfig, int]:
         raise ValueError(f"--model-shape: vocab {vocab} must be >= 2")
     ints.setdefault("n_heads", heads_for(ints["d_model"]))
     return ModelConfig(**ints, **extra), vocab
-
-
-def load_run_model(workspace: Workspace, run_ref: str) -> tuple[GPT, str]:
-    """A run's model rebuilt from its stored recipe and checkpoint; and the run's id."""
-    if not workspace.ledger_path.is_file():
-        raise ValueError(f"{workspace.ledger_path}: no ledger here (run something first)")
-    with Ledger(workspace.ledger_path) as ledger:
-        run_id = ledger.resolve_run(run_ref)
-        tokens_version = ledger.run_summary(run_id)["run"]["tokens_version"]
-    run_dir = workspace.run_dir(run_id)
-    checkpoint = run_dir / "checkpoint"
-    if tokens_version is None or not (checkpoint / STATE).is_file():
-        raise ValueError(f"run {run_id} has no checkpoint to serve")
-    recipe = load_recipe(run_dir / "recipe.toml")
-    vocab = int(workspace.manifest("tokens", tokens_version)["tokenizer"]["vocab_size"])
-    model = GPT(recipe.model, vocab)
-    recorded = read_json(checkpoint / STATE).get("recipe_sha256")
-    if recorded is not None and recorded != recipe.digest():
-        raise ValueError(f"{run_dir / 'recipe.toml'} does not match the run's checkpoint")
-    load_checkpoint(checkpoint, model)
-    return model, run_id
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -233,7 +211,8 @@ def measure_serving(
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     if isinstance(model, str):
-        model, run_id = load_run_model(workspace or Workspace(DEFAULT_WORKSPACE), model)
+        loaded = load_run_model(workspace or Workspace(DEFAULT_WORKSPACE), model, purpose="serve")
+        model, run_id = loaded.model, loaded.run_id
         source = source or f"run {run_id}"
     before = torch.get_num_threads()
     if threads is not None:

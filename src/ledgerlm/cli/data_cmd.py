@@ -54,9 +54,15 @@ def prepare(
     """
     extra = [f"data.executor={json.dumps(executor)}"] if executor else []
     extra += [f"data.workers={workers}"] if workers is not None else []
-    from ledgerlm.data.pipeline import prepare_data
+    from ledgerlm.data.executor import likely_parallel, start_workers
 
     cfg = load_recipe(recipe, [*(set_ or []), *extra]).data_stage()
+    if likely_parallel([i.path for i in cfg.inputs()]):
+        start_workers(cfg.executor, cfg.workers)  # they start while the data stage imports
+    from ledgerlm.data.pipeline import prepare_data
+    from ledgerlm.data.records import skip_pandas_probe
+
+    skip_pandas_probe()  # this process only runs the data stage
     with RichProgress() as progress:
         result = prepare_data(cfg, Workspace(workspace), progress)
     c = result.manifest["counts"]

@@ -26,6 +26,7 @@ its smallest document id, whatever the order in which documents or edges arrived
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,7 +96,9 @@ class EdgeIndex:
             raise ValueError("document ids must be >= 0")
         flat = keys.ravel()
         part = (flat % np.uint64(self.partitions)).astype(np.intp)
-        order = np.argsort(part, kind="stable")
+        # a stable sort of small integers is a radix sort (5x faster) when they are narrow
+        narrow = part.astype(np.uint16) if self.partitions <= 1 << 16 else part
+        order = np.argsort(narrow, kind="stable")
         records = np.empty(len(flat), dtype=_PAIR)
         records["key"] = flat[order]
         records["doc"] = np.repeat(doc_ids, self.params.bands)[order]
@@ -275,6 +278,33 @@ def cluster(
     return ClusterResult(uf.roots(), candidates, verified, rejected, skipped)
 
 
+def _copy(src, dst, size: int) -> None:
+    """``size`` bytes from file ``src`` to the end of file ``dst``, in the kernel where
+    it can (``os.copy_file_range``), else through a buffer."""
+    dst.flush()
+    left = size
+    at = dst.tell()
+    if hasattr(os, "copy_file_range"):
+        try:
+            while left > 0:
+                done = os.copy_file_range(
+                    src.fileno(), dst.fileno(), left, size - left, at + size - left
+                )
+                if done == 0:
+                    break
+                left -= done
+        except OSError:
+            pass
+    if left > 0:
+        src.seek(size - left)
+        dst.seek(at + size - left)
+        while left > 0 and (chunk := src.read(min(left, 1 << 20))):
+            dst.write(chunk)
+            left -= len(chunk)
+    if left:
+        raise OSError(f"{src.name}: short read while copying")
+
+
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenated ``arange(s, s + n)`` for every (s, n), without a Python loop."""
     total = int(lengths.sum())
@@ -330,12 +360,39 @@ class ShingleStore:
             return
         if int(doc_ids.min()) < 0 or len(np.unique(doc_ids)) != len(doc_ids):
             raise ValueError("document ids must be distinct and >= 0")
-        slots = np.empty((len(doc_ids), 2), dtype="<i8")
-        slots[:, 0] = self.shingles + offsets[:-1]
-        slots[:, 1] = self.shingles + offsets[1:]
+        base = self.shingles
         with self._hashes.open("ab") as f:
             hashes.astype("<u8", copy=False).tofile(f)
         self.shingles += len(hashes)
+        self._set_slots(doc_ids, base + offsets[:-1], base + offsets[1:])
+
+    def add_file(self, doc_ids: np.ndarray, path: Path | str, offsets: np.ndarray) -> None:
+        """``add_flat`` for hashes already on disk: ``path`` holds little-endian uint64
+        hashes, document ``offsets[j]``..``offsets[j + 1]`` of it belongs to
+        ``doc_ids[j]`` (-1: to no document; its hashes are stored but never read). The
+        bytes are appended by the kernel (``copy_file_range``), not read into Python."""
+        doc_ids = np.asarray(doc_ids, dtype=np.int64)
+        offsets = np.asarray(offsets, dtype=np.int64)
+        if len(offsets) != len(doc_ids) + 1:
+            raise ValueError("offsets must have one entry more than doc_ids")
+        size = os.path.getsize(path)
+        if size != 8 * int(offsets[-1] if len(offsets) else 0):
+            raise ValueError(f"{path}: {size} bytes, offsets say {8 * int(offsets[-1])}")
+        with open(path, "rb") as src, self._hashes.open("r+b") as dst:
+            dst.seek(0, os.SEEK_END)  # (copy_file_range refuses files opened to append)
+            _copy(src, dst, size)
+        base = self.shingles
+        self.shingles += size // 8
+        keep = doc_ids >= 0
+        if keep.any():
+            self._set_slots(doc_ids[keep], base + offsets[:-1][keep], base + offsets[1:][keep])
+
+    def _set_slots(self, doc_ids: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        if int(doc_ids.min()) < 0 or len(np.unique(doc_ids)) != len(doc_ids):
+            raise ValueError("document ids must be distinct and >= 0")
+        slots = np.empty((len(doc_ids), 2), dtype="<i8")
+        slots[:, 0] = starts
+        slots[:, 1] = ends
         self._maps = None
         size = int(doc_ids.max()) + 1
         if size > self.documents:  # new slots read as (0, 0): empty sets

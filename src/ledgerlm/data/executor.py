@@ -3,21 +3,174 @@
 Workers write their outputs to files named by shard index and return small
 summaries; the caller merges summaries in shard order. Output is therefore the
 same whatever the executor, the worker count or the completion order.
+
+A build runs several passes over the same shards; ``ShardPool`` keeps one set of
+worker processes for all of them, so the workers start (and import numpy, pyarrow
+and the passes) once per build, not once per pass.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
 EXECUTORS = ("local", "ray")
+# What a fresh worker needs; the fork server imports it once and every worker it forks
+# starts with it loaded. ``__main__`` too: a worker otherwise runs the parent's main
+# script again (for the ``ledgerlm`` command, importing the whole command line).
+_PRELOAD = ["__main__", "ledgerlm.data.worker_init"]
 
 
 def resolve_workers(workers: int) -> int:
     return workers if workers > 0 else max(1, os.cpu_count() or 1)
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    """A fork server where there is one (Linux, macOS), else spawn.
+
+    Not plain fork: the caller may hold threads (PyTorch, progress bars, pyarrow's
+    pools) that a forked child would inherit half-copied. The fork server is a fresh
+    single-threaded interpreter that imports ``_PRELOAD`` once; each worker is forked
+    from it, so starting one costs milliseconds instead of an interpreter start and
+    half a second of imports (spawn).
+    """
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(_PRELOAD)
+        return ctx
+    return multiprocessing.get_context("spawn")  # pragma: no cover - Windows
+
+
+# Plain JSONL files are cut into pieces of at least this many bytes, Parquet files into
+# runs of row groups of at least this many uncompressed bytes (``readers.split_shards``),
+# so that one big file keeps every worker busy. A constant, not a function of the worker
+# count: the cuts, and with them every output file, are the same however many workers
+# read them.
+PIECE_BYTES = 4 << 20
+
+
+def start_workers(executor: str = "local", workers: int = 0) -> None:
+    """Start the fork server now, when a build will want local workers: it imports
+    what they need while the caller goes on (reading the recipe, importing the data
+    stage, hashing the inputs), so the first pass finds it ready. Costs nothing to
+    wait for; if no pass runs after all (a reused version), the server just exits with
+    the caller."""
+    if executor != "local" or resolve_workers(workers) < 2:
+        return
+    if _context().get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
+def likely_parallel(paths: Sequence[str], base: str = ".") -> bool:
+    """Whether inputs named by ``paths`` (files, folders or globs) probably make more
+    than one shard: two files or more, or one big enough to be cut (a quarter of
+    ``PIECE_BYTES``, see ``readers.piece_size``). From names and sizes only (no file is
+    read), for deciding early whether to ``start_workers``."""
+    import glob
+
+    files, size = 0, 0
+    for path in paths:
+        if path.startswith("builtin:"):
+            files += 1
+            continue
+        full = path if os.path.isabs(path) else os.path.join(base, path)
+        for match in glob.glob(full, recursive=True) or [full]:
+            if os.path.isdir(match):
+                return True  # a folder of text files (or a datasets folder)
+            try:
+                size += os.path.getsize(match)
+            except OSError:
+                continue
+            files += 1
+        if files > 1 or size > PIECE_BYTES // 4:
+            return True
+    return False
+
+
+class ShardPool:
+    """Worker processes shared by the passes of one build (a context manager).
+
+    ``workers`` is resolved (0 = all cores) and capped by ``max_jobs``, the most jobs
+    any pass will have; with one worker (or on Ray) no local process is started and
+    jobs run inline (or as Ray tasks).
+    """
+
+    def __init__(self, executor: str = "local", workers: int = 0, max_jobs: int = 0) -> None:
+        if executor not in EXECUTORS:
+            raise ValueError(f"unknown executor {executor!r} (one of {', '.join(EXECUTORS)})")
+        self.executor = executor
+        self.workers = min(resolve_workers(workers), max(max_jobs, 1))
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> ShardPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+            _stop_fork_server()
+
+    def map(
+        self,
+        fn: Callable[..., Any],
+        jobs: Sequence[tuple],
+        on_done: Callable[[int], None] | None = None,
+    ) -> list[Any]:
+        """``[fn(*job) for job in jobs]``, in parallel; results keep the order of ``jobs``.
+
+        ``fn`` must be a module-level function (it is pickled). ``on_done(i)`` is
+        called in the caller's process as each job finishes, for progress bars.
+        """
+        workers = min(self.workers, max(len(jobs), 1))
+        if self.executor == "ray":
+            return _map_ray(fn, jobs, workers, on_done)
+        if workers == 1 or len(jobs) <= 1:
+            results = []
+            for i, job in enumerate(jobs):
+                results.append(fn(*job))
+                if on_done:
+                    on_done(i)
+            return results
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=_context())
+        results: list[Any] = [None] * len(jobs)
+        pending: dict[Future, int] = {self._pool.submit(fn, *job): i for i, job in enumerate(jobs)}
+        try:
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    i = pending.pop(fut)
+                    results[i] = fut.result()
+                    if on_done:
+                        on_done(i)
+        finally:
+            for fut in pending:  # a job failed: do not start the rest
+                fut.cancel()
+        return results
+
+
+def _stop_fork_server() -> None:
+    """Stop the fork server once a build's workers are gone: otherwise it idles, holding
+    the preloaded modules (~150 MB), for as long as the caller lives (a training run),
+    and is left for the system to reap. Best effort: ``_stop`` is how the standard
+    library's own tests stop it, and a later pool simply starts a new one."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    if getattr(server, "_forkserver_pid", None) is None or not hasattr(server, "_stop"):
+        return
+    with contextlib.suppress(OSError, AttributeError):  # depends on the Python version
+        server._stop()
 
 
 def map_shards(
@@ -27,36 +180,9 @@ def map_shards(
     workers: int = 0,
     on_done: Callable[[int], None] | None = None,
 ) -> list[Any]:
-    """``[fn(*job) for job in jobs]``, in parallel; results keep the order of ``jobs``.
-
-    ``fn`` must be a module-level function (it is pickled). ``on_done(i)`` is
-    called in the caller's process as each job finishes, for progress bars.
-    """
-    workers = min(resolve_workers(workers), max(len(jobs), 1))
-    if executor == "ray":
-        return _map_ray(fn, jobs, workers, on_done)
-    if executor != "local":
-        raise ValueError(f"unknown executor {executor!r} (one of {', '.join(EXECUTORS)})")
-    if workers == 1 or len(jobs) <= 1:
-        results = []
-        for i, job in enumerate(jobs):
-            results.append(fn(*job))
-            if on_done:
-                on_done(i)
-        return results
-    # spawn: the parent may hold threads (PyTorch, progress bars) that fork would copy badly
-    ctx = multiprocessing.get_context("spawn")
-    results: list[Any] = [None] * len(jobs)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        pending = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                i = pending.pop(fut)
-                results[i] = fut.result()
-                if on_done:
-                    on_done(i)
-    return results
+    """One pass on a pool of its own: ``ShardPool(...).map(fn, jobs, on_done)``."""
+    with ShardPool(executor, workers, len(jobs)) as pool:
+        return pool.map(fn, jobs, on_done)
 
 
 def _map_ray(fn, jobs, workers, on_done) -> list[Any]:

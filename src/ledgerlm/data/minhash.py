@@ -305,13 +305,22 @@ def _long_word_hashes(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) 
     return _fmix64(words)
 
 
-def _word_hashes(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+def word_spans(data: bytes, str_split: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(word hashes, word start offsets, word lengths in bytes) of UTF-8 text whose
+    documents end with 0xFF (see ``_word_hashes``)."""
+    words, starts, lengths = _word_hashes(data, str_split, with_lengths=True)
+    return words, starts, lengths
+
+
+def _word_hashes(data: bytes, str_split: bool = True, with_lengths: bool = False) -> Any:
     """(word hashes, word start offsets) of UTF-8 text whose documents end with 0xFF.
 
     A word is read 8 bytes at a time through an unaligned little-endian uint64 view of the
     buffer, the bytes past its end masked off, and the chunks chained through a 64-bit
     mixer. That is a handful of operations per *word*, where a per-byte scan would cost
     them per byte. ``data`` must carry 8 bytes of padding after the last document.
+    Words are split at the ASCII whitespace of ``str.split`` (``str_split``: \\x1c-\\x1f
+    included) or of ``bytes.split`` (not), and at 0xFF; a word's hash does not depend on it.
     """
     buf = np.frombuffer(data, dtype=np.uint8)
     size = len(buf) - 8
@@ -320,7 +329,10 @@ def _word_hashes(data: bytes) -> tuple[np.ndarray, np.ndarray]:
     sep[0] = True  # a virtual separator before the first byte
     rest = sep[1:]
     np.less(body - np.uint8(9), 5, out=rest)  # \t \n \v \f \r
-    rest |= (body - np.uint8(28)) < 5  # \x1c-\x1f and space
+    if str_split:
+        rest |= (body - np.uint8(28)) < 5  # \x1c-\x1f and space
+    else:
+        rest |= body == 32
     rest |= body == _DOC_SEP
     # The buffer starts (virtually) and ends with a separator, so the changes of state
     # alternate: word start, word end, start, end...
@@ -328,7 +340,7 @@ def _word_hashes(data: bytes) -> tuple[np.ndarray, np.ndarray]:
     starts = flips[0::2]
     lengths = flips[1::2] - starts
     if len(starts) == 0:
-        return np.zeros(0, dtype=_U64), starts
+        return (np.zeros(0, dtype=_U64), starts, lengths)[: 3 if with_lengths else 2]
     view = np.ndarray(shape=(size + 1,), dtype="<u8", buffer=data, strides=(1,))
     mult = _U64(_GOLDEN)
     # Round one, over every word at once: the first 8 bytes, masked to the word.
@@ -362,16 +374,51 @@ def _word_hashes(data: bytes) -> tuple[np.ndarray, np.ndarray]:
     long_ = np.flatnonzero(lengths > _LONG_WORD)
     if len(long_):
         words[long_] = _long_word_hashes(buf, starts[long_], lengths[long_])
+    if with_lengths:
+        return words, starts, lengths
     return words, starts
 
 
-def _shingles_of_chunk(norms: Sequence[str], k: int, unique: bool) -> ShingleBatch:
+_DIGEST_SALTS = _constants(0x5EED_0006, 6)
+
+
+def _sequence_digests(words: np.ndarray, n_words: np.ndarray) -> np.ndarray:
+    """(documents, 2) uint64: two 64-bit hashes of each document's word sequence.
+
+    Each word hash is bound to its position (xor a salted position, then fmix64), the
+    document's are summed, and the sum is mixed with the word count. Equal sequences
+    give equal digests; unequal ones collide with probability ~2^-64 per column.
+    """
+    out = np.zeros((len(n_words), 2), dtype=_U64)
+    has = np.flatnonzero(n_words)
+    if len(words):
+        start = _exclusive_cumsum(n_words)[:-1]
+        pos = np.arange(len(words), dtype=_U64)
+        pos -= np.repeat(start, n_words).astype(_U64)
+        for j in range(2):
+            h = pos * _DIGEST_SALTS[2 * j]
+            h += _DIGEST_SALTS[2 * j + 1]
+            h ^= words
+            out[has, j] = np.add.reduceat(_fmix64(h), start[has])
+    for j in range(2):
+        out[:, j] ^= n_words.astype(_U64) * _DIGEST_SALTS[4 + j]
+        out[:, j] = _fmix64(out[:, j])
+    return out
+
+
+def _shingles_of_chunk(
+    norms: Sequence[str], k: int, unique: bool, digests: list[np.ndarray] | None = None
+) -> ShingleBatch:
     encoded = [t.encode("utf-8", "surrogatepass") for t in norms]
     words, word_at = _word_hashes(b"\xff".join(encoded) + b"\xff" * 9)
     n_docs = len(norms)
     sizes = np.fromiter((len(e) + 1 for e in encoded), dtype=np.int64, count=n_docs)
     # Words are in document order: count them per document with one search per document.
     n_words = np.diff(np.searchsorted(word_at, _exclusive_cumsum(sizes)))
+    if digests is not None:
+        digests.append(_sequence_digests(words, n_words))
+        if k == 0:  # digests only
+            return ShingleBatch(np.zeros(0, dtype=_U64), np.zeros(n_docs + 1, dtype=np.int64))
     per_doc = np.where(n_words >= k, n_words - k + 1, np.minimum(n_words, 1))
     offsets = _exclusive_cumsum(per_doc)
     total = int(offsets[-1])
@@ -417,23 +464,65 @@ def _shingles_of_chunk(norms: Sequence[str], k: int, unique: bool) -> ShingleBat
     return ShingleBatch(acc, offsets)
 
 
-def shingle_batch(texts: Sequence[str], k: int, unique: bool = True) -> ShingleBatch:
+def prenormalize(texts: Sequence[str]) -> list[str]:
+    """What ``shingle_batch`` shingles: the texts case-folded and NFKC-normalized (their
+    words are those of ``normalize_text``). Computed once, it serves the exact-dedup
+    digest too (``dedup.normalized_digest``)."""
+    return [_prenormalize(t) for t in texts]
+
+
+def word_digests(texts: Sequence[str], normalized: bool = False) -> np.ndarray:
+    """(documents, 2) uint64: a 128-bit digest of each text's normalized words (the words
+    of ``normalize_text``), so two texts get the same digest exactly when their
+    normalized forms are equal (up to a ~2^-64 chance). The exact-dedup key: hashing
+    the words the shingles are made of is cheaper than rebuilding and hashing the
+    normalized string (``dedup.text_digest``)."""
+    out: list[np.ndarray] = []
+    _chunked(texts, 0, True, normalized, out)
+    return np.concatenate(out) if out else np.zeros((0, 2), dtype=_U64)
+
+
+def shingles_and_digests(
+    texts: Sequence[str], k: int, unique: bool = True, normalized: bool = False
+) -> tuple[ShingleBatch, np.ndarray]:
+    """``shingle_batch`` and ``word_digests`` of the same texts, from one word scan."""
+    if k < 1:
+        raise ValueError(f"shingle size must be >= 1: {k}")
+    out: list[np.ndarray] = []
+    batch = _chunked(texts, k, unique, normalized, out)
+    return batch, (np.concatenate(out) if out else np.zeros((0, 2), dtype=_U64))
+
+
+def shingle_batch(
+    texts: Sequence[str], k: int, unique: bool = True, normalized: bool = False
+) -> ShingleBatch:
     """Shingle hashes of many documents at once (the fast path; ``shingle_hashes`` is one).
 
     With ``unique`` each document's hashes are sorted and distinct (a set, as exact Jaccard
     needs); without it they keep text order and repeats, which MinHash does not mind.
     Memory is bounded by ``_TEXT_CHUNK`` bytes of text, whatever the batch size.
+    ``normalized``: the texts are already ``prenormalize``'s output.
     """
     if k < 1:
         raise ValueError(f"shingle size must be >= 1: {k}")
-    norms = [_prenormalize(t) for t in texts]
+    return _chunked(texts, k, unique, normalized, None)
+
+
+def _chunked(
+    texts: Sequence[str],
+    k: int,
+    unique: bool,
+    normalized: bool,
+    digests: list[np.ndarray] | None,
+) -> ShingleBatch:
+    norms = list(texts) if normalized else prenormalize(texts)
     parts: list[ShingleBatch] = []
     lo = 0
     size = 0
     for i, norm in enumerate(norms):
         size += len(norm) + 1
         if size >= _TEXT_CHUNK or i - lo + 1 >= _MAX_CHUNK_DOCS or i == len(norms) - 1:
-            parts.append(_shingles_of_chunk(norms[lo : i + 1], k, unique))
+            parts.append(_shingles_of_chunk(norms[lo : i + 1], k, unique, digests))
             lo, size = i + 1, 0
     if not parts:
         return ShingleBatch(np.zeros(0, dtype=_U64), np.zeros(1, dtype=np.int64))

@@ -16,15 +16,14 @@ finished; only the final rename makes a version visible.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ledgerlm.config import DataConfig, InputConfig
@@ -36,17 +35,18 @@ from ledgerlm.data.contamination import (
     near_hits,
 )
 from ledgerlm.data.dedup import NORMALIZATION, exact_keepers, group_keepers, keeper_rank
-from ledgerlm.data.executor import map_shards
+from ledgerlm.data.executor import ShardPool, start_workers
 from ledgerlm.data.held_out import FixedSplit, HeldOutError, write_fixed
 from ledgerlm.data.manifest import build_manifest
 from ledgerlm.data.minhash import params_from_config
 from ledgerlm.data.passes import (
     DROP_SCHEMA,
     SPLITS,
+    cached,
     clean_pass,
-    load_shingles,
-    output_name,
     read_pass,
+    shingle_file,
+    split_of,
     write_pass,
 )
 from ledgerlm.data.readers import (
@@ -55,8 +55,9 @@ from ledgerlm.data.readers import (
     Shard,
     expand_inputs,
     shard_fingerprint,
+    split_shards,
 )
-from ledgerlm.data.templates import template_lines
+from ledgerlm.data.templates import shard_template_lines
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.workspace import (
     BUILD_INFO,
@@ -70,26 +71,14 @@ from ledgerlm.workspace import (
     file_sha256,
 )
 
+# (document, band) keys gathered from the shards before one append to the edge files.
+_EDGE_BATCH = 1 << 21
+# Rows per row group (at most one more part) of the merged drops and quarantine files.
+_MERGE_ROWS = 1 << 16
+
 
 class DataError(ValueError):
     """Bad data-stage input; the message names the input and the reason."""
-
-
-def split_of(unit: str, val_fraction: float, seed: int, test_fraction: float = 0.0) -> str:
-    """A unit's split depends only on its key, so it is stable as the corpus grows.
-
-    One hash draw ``u`` in [0, 1) per unit: ``u < val_fraction`` is val, the next
-    ``test_fraction`` of the interval is test, the rest train. The val interval does not
-    depend on ``test_fraction``, so with ``test_fraction = 0`` every unit keeps the split
-    it had before the test split existed, and raising it only moves train units to test.
-    """
-    h = hashlib.blake2b(f"{seed}:{unit}".encode(), digest_size=8).digest()
-    u = int.from_bytes(h, "big") / 2**64
-    if u < val_fraction:
-        return "val"
-    if u < val_fraction + test_fraction:
-        return "test"
-    return "train"
 
 
 def _shards(cfg: DataConfig, base: Path) -> list[Shard]:
@@ -184,29 +173,70 @@ def prepare_data(
 def _build(
     cfg: DataConfig,
     version: str,
-    shards: list[Shard],
+    files: list[Shard],
     inputs: list[dict[str, Any]],
     base: Path,
     out: Path,
     progress: Progress,
     start: float,
 ) -> None:
-    def run(name: str, fn, jobs: list[tuple]) -> list[Any]:
-        with progress.task(name, total=len(jobs)) as task:
-            return map_shards(fn, jobs, cfg.executor, cfg.workers, lambda _: task.advance(1))
-
+    # The work units: big files cut into pieces (the same cuts whatever the worker count)
+    shards = split_shards(files)
+    if len(shards) > 1:
+        start_workers(cfg.executor, cfg.workers)  # it imports while the build sets up
     work = out / "_work"
     work.mkdir(exist_ok=True)
+    _check_plan(work, out, shards)
+    with ShardPool(cfg.executor, cfg.workers, len(shards)) as pool:
+
+        def run(name: str, fn, jobs: list[tuple]) -> list[Any]:
+            with progress.task(name, total=len(jobs)) as task:
+                return pool.map(fn, jobs, lambda _: task.advance(1))
+
+        _passes(cfg, version, shards, inputs, base, out, progress, start, work, run)
+
+
+def _check_plan(work: Path, out: Path, shards: list[Shard]) -> None:
+    """A resumed build must cut its inputs as the interrupted one did: its finished
+    shards are reused only under the same plan; otherwise (a build left by an older
+    ledgerlm) it starts over."""
+    plan = [(s.path, s.format, s.start, s.stop, s.first, s.files) for s in shards]
+    digest = content_hash("plan", plan)
+    marker = work / "plan.txt"
+    if marker.is_file() and marker.read_text() == digest:
+        return
+    for old in work.iterdir():
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+    for split in SPLITS:
+        for old in out.glob(f"{split}-*.parquet"):
+            old.unlink()
+    marker.write_text(digest)
+
+
+def _passes(
+    cfg: DataConfig,
+    version: str,
+    shards: list[Shard],
+    inputs: list[dict[str, Any]],
+    base: Path,
+    out: Path,
+    progress: Progress,
+    start: float,
+    work: Path,
+    run: Callable[[str, Callable[..., Any], list[tuple]], list[Any]],
+) -> None:
     read = run("data: read", read_pass, [(s, cfg, str(work)) for s in shards])
+    # read-i files go as soon as their shard is cleaned: count duplicate ids before
+    duplicate_ids = cached(work, "ids", lambda: _duplicate_ids(shards, work))
     templates: dict = {}
     if cfg.templates.enabled:
-        counter = read[0]["lines"]
-        for r in read[1:]:
-            counter.merge(r["lines"])
-        templates = template_lines(counter, cfg.templates)
+        templates = shard_template_lines([r["lines"] for r in read], cfg.templates)
+    for r in read:  # (kept in the read markers for a resumed build; not needed here again)
+        r.pop("lines", None)
     clean = run("data: clean", clean_pass, [(s.index, cfg, templates, str(work)) for s in shards])
     with progress.task("data: dedup", total=1) as task:
-        decided = _decide(cfg, shards, clean, work)
+        # cached: a resumed build whose write pass began finds no clean-i files to decide on
+        decided = cached(work, "decide", lambda: _decide(cfg, shards, clean, work))
         task.advance(1)
     fixed = _fixed_sets(cfg, base, out, progress)
     evals = load_eval_sets(cfg.contamination, base, cfg.builtin, cfg.near_dedup)
@@ -232,7 +262,7 @@ def _build(
         contamination=_contamination(cfg, evals, shards, written, work),
         files=files,
         drops_path=out / "drops.parquet",
-        duplicate_ids=_duplicate_ids(shards, work),
+        duplicate_ids=duplicate_ids,
         fixed=fixed,
     )
     shutil.rmtree(work)
@@ -252,18 +282,21 @@ def _fixed_sets(cfg: DataConfig, base: Path, out: Path, progress: Progress) -> l
     return fixed
 
 
+def read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:
+    """``pq.read_table`` without its dataset layer: that one imports ``pyarrow.dataset``
+    and pandas, half a second, to read a single file."""
+    return pq.ParquetFile(path).read(columns=columns)
+
+
 def _duplicate_ids(shards: list[Shard], work: Path) -> int:
     """Documents whose id an earlier document (of any source) already carries."""
-    ids = [
-        pq.read_table(work / f"read-{s.index}.parquet", columns=["id"]).column("id") for s in shards
-    ]
-    n = sum(len(c) for c in ids)
-    if not n:
-        return 0
-    distinct = pc.count_distinct(
-        pa.chunked_array([ch for c in ids for ch in c.chunks], pa.string())
-    )
-    return n - distinct.as_py()
+    seen: set[str] = set()
+    n = 0
+    for s in shards:
+        ids = read_parquet(work / f"read-{s.index}.parquet", ["id"]).column("id").to_pylist()
+        n += len(ids)
+        seen.update(ids)
+    return n - len(seen)
 
 
 def _contamination(
@@ -292,35 +325,44 @@ def _contamination(
 def _merge_outputs(
     shards: list[Shard], written: list[dict], work: Path, out: Path, fixed: list[FixedSplit]
 ) -> list[dict[str, Any]]:
-    """One quarantine and one drops file, in shard order; the list of output shards (the
-    fixed held-out sets' shards among them)."""
+    """One quarantine and one drops file, in input order; the list of output shards (the
+    fixed held-out sets' shards among them).
+
+    Drops go file by file (the filter drops of its pieces, then its dedup and
+    contamination drops), and rows are written in row groups of ``_MERGE_ROWS`` whatever
+    the pieces held, so neither file depends on how the inputs were cut.
+    """
+    files_of: list[list[int]] = []  # the pieces of each input file, in order
+    for s in shards:
+        if s.start == 0 or not files_of:
+            files_of.append([])
+        files_of[-1].append(s.index)
+    drop_parts = [
+        f"drops-{step}-{i}.parquet"
+        for group in files_of
+        for step in ("clean", "final")
+        for i in group
+    ]
+    quarantine_parts = [f"quarantine-{s.index}.parquet" for s in shards]
     for name, parts, schema in (
-        (
-            "quarantine.parquet",
-            [f"quarantine-{s.index}.parquet" for s in shards],
-            QUARANTINE_SCHEMA,
-        ),
-        (
-            "drops.parquet",
-            [f"drops-{step}-{s.index}.parquet" for s in shards for step in ("clean", "final")],
-            DROP_SCHEMA,
-        ),
+        ("quarantine.parquet", quarantine_parts, QUARANTINE_SCHEMA),
+        ("drops.parquet", drop_parts, DROP_SCHEMA),
     ):
         with pq.ParquetWriter(out / name, schema, compression="zstd") as writer:
+            pending: list[pa.Table] = []
+            rows = written_rows = 0
             for part in parts:
-                writer.write_table(pq.read_table(work / part))
-    files = []
-    for s, w in zip(shards, written, strict=True):
-        for split in w["splits"]:
-            path = out / output_name(split, s.index)
-            files.append(
-                {
-                    "path": path.name,
-                    "split": split,
-                    "rows": pq.ParquetFile(path).metadata.num_rows,
-                    "sha256": file_sha256(path),
-                }
-            )
+                table = read_parquet(work / part)
+                if table.num_rows:
+                    pending.append(table)
+                    rows += table.num_rows
+                if rows >= _MERGE_ROWS:
+                    writer.write_table(pa.concat_tables(pending))
+                    written_rows += rows
+                    pending, rows = [], 0
+            if pending or not written_rows:
+                writer.write_table(pa.concat_tables(pending) if pending else schema.empty_table())
+    files = [f for w in written for f in w["files"]]  # rows and sha256 from the workers
     for f in fixed:
         files += [{**x, "sha256": file_sha256(out / x["path"])} for x in f.files]
     return sorted(files, key=lambda f: (SPLITS.index(f["split"]), f["path"]))
@@ -331,20 +373,17 @@ def _decide(cfg: DataConfig, shards: list[Shard], clean: list[dict], work: Path)
     counts = np.array([c["kept"] for c in clean], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(counts)])
     n = int(offsets[-1])
-    cols: dict[str, list] = {"id": [], "source": [], "date": [], "digest": [], "chars": []}
+    cols: dict[str, list] = {k: [] for k in ("id", "source", "date", "digest", "chars", "split")}
     for s in shards:
-        t = pq.read_table(work / f"clean-{s.index}.parquet", columns=list(cols))
+        t = read_parquet(work / f"clean-{s.index}.parquet", list(cols))
         for k in cols:
-            cols[k].append(t.column(k).to_numpy(zero_copy_only=False))
-    ids = np.concatenate(cols["id"]) if n else np.zeros(0, object)
-    sources = np.concatenate(cols["source"]) if n else np.zeros(0, object)
-    chars = np.concatenate(cols["chars"]).astype(np.int64) if n else np.zeros(0, np.int64)
-    dates = np.concatenate(cols["date"]) if n else np.zeros(0, object)
-    digests = (
-        np.frombuffer(b"".join(np.concatenate(cols["digest"])), dtype=np.uint64).reshape(n, 2)
-        if n
-        else np.zeros((0, 2), np.uint64)
-    )
+            cols[k].append(t.column(k))
+    ids = np.array([x for c in cols["id"] for x in c.to_pylist()], dtype=object)
+    sources = np.array([x for c in cols["source"] for x in c.to_pylist()], dtype=object)
+    dates = np.array([x for c in cols["date"] for x in c.to_pylist()], dtype=object)
+    chars = np.array([x for c in cols["chars"] for x in c.to_pylist()], dtype=np.int64)
+    own_split = np.array([x for c in cols["split"] for x in c.to_pylist()], dtype=np.int8)
+    digests = _digests(cols["digest"], n)
     rank = keeper_rank(cfg.near_dedup.keeper, chars, dates)
     exact = exact_keepers(digests, rank) if cfg.exact_dedup else np.arange(n)
     near_stats: dict[str, Any] = {"enabled": cfg.near_dedup.enabled}
@@ -358,10 +397,14 @@ def _decide(cfg: DataConfig, shards: list[Shard], clean: list[dict], work: Path)
     cluster_id = ids[keeper] if n else ids
     unit = {"cluster": cluster_id, "source": sources, "document": ids}[cfg.split]
     val_fraction, test_fraction = cfg.drawn_fractions()
-    split = np.array(
-        [split_of(u, val_fraction, cfg.split_seed, test_fraction) for u in unit],
-        dtype=object,
-    )
+    # the workers drew each document's split from its id (``split_code``); a cluster
+    # takes its keeper's, and a source (a handful) is drawn here
+    if cfg.split == "source":
+        drawn = {u: split_of(u, val_fraction, cfg.split_seed, test_fraction) for u in set(unit)}
+        split = np.array([drawn[u] for u in unit], dtype=object)
+    else:
+        code = own_split[keeper] if cfg.split == "cluster" else own_split
+        split = np.array(SPLITS, dtype=object)[code] if n else np.zeros(0, object)
     _check_held_out(cfg, split[status == "kept"], unit[status == "kept"])
     for s in shards:
         a, b = offsets[s.index], offsets[s.index + 1]
@@ -411,6 +454,16 @@ def _decide(cfg: DataConfig, shards: list[Shard], clean: list[dict], work: Path)
     }
 
 
+def _digests(columns: list[pa.ChunkedArray], n: int) -> np.ndarray:
+    """(n, 2) uint64 from the 16-byte digest columns, read from their Arrow buffers."""
+    parts = [np.zeros(0, np.uint8)]
+    for column in columns:
+        for chunk in column.chunks:
+            raw = np.frombuffer(chunk.buffers()[1], dtype=np.uint8)
+            parts.append(raw[chunk.offset * 16 : (chunk.offset + len(chunk)) * 16])
+    return np.concatenate(parts).view(np.uint64).reshape(n, 2)
+
+
 def _check_held_out(cfg: DataConfig, split: np.ndarray, unit: np.ndarray) -> None:
     """A held-out split that drew no document stops the build here, before any tokenizer
     or training work, naming what to change."""
@@ -436,13 +489,19 @@ def _near_clusters(cfg, shards, offsets, exact, work) -> tuple[np.ndarray, dict[
     n = int(offsets[-1])
     index = EdgeIndex(work / "edges", params, cfg.near_dedup.partitions)
     store = ShingleStore(work / "shingles") if cfg.near_dedup.verify else None
+    ids: list[np.ndarray] = []
+    keys: list[np.ndarray] = []
     for s in shards:
         gids = np.arange(offsets[s.index], offsets[s.index + 1])
-        keep = exact[gids] == gids
-        index.add(gids[keep], np.load(work / f"bands-{s.index}.npy")[keep])
+        keep = exact[gids] == gids  # exact duplicates are not compared again
+        ids.append(gids[keep])
+        keys.append(np.load(work / f"bands-{s.index}.npy")[keep])
+        if sum(len(k) for k in ids) * params.bands >= _EDGE_BATCH or s is shards[-1]:
+            index.add(np.concatenate(ids), np.concatenate(keys))  # 16 appends per batch
+            ids, keys = [], []
         if store is not None:
-            sets = load_shingles(work, s.index)
-            store.add(gids[keep], [sets[j] for j in np.flatnonzero(keep)])
+            at = np.load(work / f"shingles-{s.index}.npy")
+            store.add_file(np.where(keep, gids, -1), shingle_file(work, s.index), at)
     result = cluster(
         index,
         n,
@@ -461,4 +520,4 @@ def iter_split(data_dir: Path, manifest: dict[str, Any], split: str):
     """Stream one split of a data version shard by shard (pyarrow Tables)."""
     for f in manifest["files"]:
         if f["split"] == split:
-            yield pq.read_table(data_dir / f["path"])
+            yield read_parquet(data_dir / f["path"])

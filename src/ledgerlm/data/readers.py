@@ -40,6 +40,7 @@ import zstandard
 
 from ledgerlm.config import BuiltinCorpusConfig, InputConfig
 from ledgerlm.data.builtin import read_builtin, stdlib_fingerprint
+from ledgerlm.data.executor import PIECE_BYTES as _PIECE_BYTES
 from ledgerlm.data.records import Document, ReadStats
 from ledgerlm.workspace import RecordHasher
 
@@ -79,6 +80,13 @@ class Shard:
     rel: str = ""
     fields: tuple[str, str, str] = DEFAULT_FIELDS  # text, id, domain: JSONL and Parquet
     split: str = "file"  # text files: file, blank_lines, lines or chunk:N
+    # A piece of one file (``split_shards``): bytes [start, stop) of a plain JSONL file, or
+    # row groups [start, stop) of a Parquet file (stop None: to the end); ``first`` is the
+    # number of its first line or row in the whole file, so ids and quarantine lines are
+    # those of the file.
+    start: int = 0
+    stop: int | None = None
+    first: int = 1
 
 
 @dataclass(frozen=True)
@@ -347,6 +355,98 @@ def _text_shards(
         )
 
 
+# --------------------------------------------------------------------------- pieces
+
+# The size of the pieces big files are cut into (see ``executor.PIECE_BYTES``).
+PIECE_BYTES = _PIECE_BYTES
+
+
+def split_shards(shards: list[Shard], piece_bytes: int | None = None) -> list[Shard]:
+    """The work units of a build: every plain (uncompressed) JSONL file cut at line
+    starts, every Parquet file at row-group boundaries, about every ``piece_bytes``;
+    other shards whole. Pieces are numbered 0, 1, ... in input order, and a piece reads
+    exactly the records (same ids, lines and quarantine entries) that reading the whole
+    file yields in its range. A file that cannot be scanned stays whole (its reader then
+    quarantines it as one record). ``piece_bytes`` defaults to ``piece_size`` of each
+    file's size."""
+    if piece_bytes is not None and piece_bytes < 1:
+        raise ValueError("piece_bytes must be at least 1")
+    pieces: list[Shard] = []
+    for shard in shards:
+        if shard.format == "jsonl" and _codec(shard.path) is None:
+            cut = _jsonl_cuts(shard.path, piece_bytes)
+        elif shard.format == "parquet":
+            cut = _parquet_cuts(shard.path, piece_bytes)
+        else:
+            cut = []
+        bounds = [(shard.start, shard.first), *cut]
+        for k, (start, first) in enumerate(bounds):
+            stop = bounds[k + 1][0] if k + 1 < len(bounds) else shard.stop
+            piece = dataclasses.replace(shard, start=start, stop=stop, first=first)
+            pieces.append(dataclasses.replace(piece, index=len(pieces)))
+    return pieces
+
+
+def piece_size(file_bytes: int) -> int:
+    """Pieces of ``PIECE_BYTES``, or a sixteenth of a smaller file (at least a quarter of
+    ``PIECE_BYTES``): a 30 MB file still makes enough pieces to keep every core busy to
+    the end of a pass. A function of the file alone, never of the worker count."""
+    return min(PIECE_BYTES, max(PIECE_BYTES // 4, file_bytes // 16))
+
+
+def _jsonl_cuts(path: str, piece_bytes: int | None) -> list[tuple[int, int]]:
+    """(byte offset, line number) of every line start where a piece begins, after the
+    first: the first line start at least ``piece_bytes`` after the previous cut. One
+    sequential read counting newlines (C speed: ``bytes.count`` and ``bytes.find``)."""
+    cuts: list[tuple[int, int]] = []
+    try:
+        with _open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
+            piece_bytes = piece_size(size) if piece_bytes is None else piece_bytes
+            if size <= piece_bytes:
+                return []
+            pos = newlines = 0  # bytes and newlines before ``chunk``
+            target = piece_bytes  # a cut is the first line start at or after this offset
+            while chunk := f.read(_READ_SIZE):
+                while target <= pos + len(chunk):
+                    i = chunk.find(b"\n", max(target - 1 - pos, 0))
+                    if i < 0:
+                        break
+                    cut = pos + i + 1
+                    if cut >= size:
+                        return cuts
+                    cuts.append((cut, 1 + newlines + chunk.count(b"\n", 0, i + 1)))
+                    target = cut + piece_bytes
+                newlines += chunk.count(b"\n")
+                pos += len(chunk)
+    except (_Unreadable, OSError):
+        return []
+    return cuts
+
+
+def _parquet_cuts(path: str, piece_bytes: int | None) -> list[tuple[int, int]]:
+    """(row group, row number) where each piece after the first begins: runs of row
+    groups of at least ``piece_bytes`` uncompressed bytes (from the footer alone)."""
+    try:
+        with _open_regular(path) as raw:
+            meta = pq.ParquetFile(raw).metadata
+    except (_Unreadable, OSError, pa.ArrowException, ValueError):
+        return []
+    if piece_bytes is None:
+        total = sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups))
+        piece_bytes = piece_size(total)
+    cuts: list[tuple[int, int]] = []
+    rows = size = 0
+    for g in range(meta.num_row_groups):
+        if size >= piece_bytes:
+            cuts.append((g, rows + 1))
+            size = 0
+        group = meta.row_group(g)
+        rows += group.num_rows
+        size += group.total_byte_size
+    return cuts
+
+
 # --------------------------------------------------------------------------- reading
 
 
@@ -557,15 +657,34 @@ def _split_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
         yield b"".join(pending)
 
 
+def _range_chunks(raw: BinaryIO, start: int, stop: int | None) -> Iterator[bytes]:
+    """The bytes [start, stop) of a plain file (to its end when ``stop`` is None)."""
+    if start:
+        raw.seek(start)
+    left = None if stop is None else stop - start
+    while left is None or left > 0:
+        chunk = raw.read(_READ_SIZE if left is None else min(_READ_SIZE, left))
+        if not chunk:
+            return
+        if left is not None:
+            left -= len(chunk)
+        yield chunk
+
+
 def _read_jsonl(shard: Shard) -> Iterator[Document | Quarantined]:
-    lineno = 0
+    lineno = shard.first - 1
     used = 0  # decoded bytes of the complete lines read
     try:
         with _open_regular(shard.path) as f:
-            for lineno, raw in enumerate(_split_lines(_decoded_chunks(f, shard.path)), start=1):
+            if shard.start or shard.stop is not None:  # a piece of a plain file
+                chunks = _range_chunks(f, shard.start, shard.stop)
+            else:
+                chunks = _decoded_chunks(f, shard.path)
+            record = _jsonl_record
+            for lineno, raw in enumerate(_split_lines(chunks), start=shard.first):
                 used += len(raw) + 1
                 if raw.strip():
-                    yield _jsonl_record(shard, lineno, raw)
+                    yield record(shard, lineno, raw)
     except _CorruptStream as err:
         size = os.path.getsize(shard.path)
         unread = size - compressed_prefix(shard.path, used)
@@ -577,7 +696,43 @@ def _read_jsonl(shard: Shard) -> Iterator[Document | Quarantined]:
         yield _unreadable(shard, lineno + 1 if lineno else None, err)
 
 
+_BOM = b"\xef\xbb\xbf"
+_FLAT = (str, int, type(None))  # bool is an int
+
+
+def _fast_record(raw: bytes, lineno: int) -> dict[str, Any] | None:
+    """The record as ``json.loads`` would give it, parsed by orjson (~3x faster), or None
+    when that cannot be sure: orjson failed (the slow path then names the reason, as it
+    always did: orjson refuses lone surrogates, NaN and overlong numbers, which ``json``
+    reads) or a value is not a string, integer, boolean or null (orjson reads an integer
+    over 64 bits as a float, and nested values are left to ``json``)."""
+    if _orjson_loads is None:
+        return None
+    try:
+        record = _orjson_loads(raw[3:] if lineno == 1 and raw.startswith(_BOM) else raw)
+    except ValueError:
+        return None
+    if type(record) is not dict:
+        return None
+    for value in record.values():
+        if not isinstance(value, _FLAT):
+            return None
+    return record
+
+
+try:  # optional: the standard library's json reads the same records, slower
+    from orjson import loads as _orjson_loads
+except ImportError:  # pragma: no cover - depends on the install
+    _orjson_loads = None
+
+
 def _jsonl_record(shard: Shard, lineno: int, raw: bytes) -> Document | Quarantined:
+    record = _fast_record(raw, lineno)
+    if record is not None:
+        result = _to_document(record, shard, f"{_id_prefix(shard)}:{lineno}")
+        if isinstance(result, str):
+            return Quarantined(_label(shard), lineno, result, _snippet(raw))
+        return result
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -686,7 +841,11 @@ def _read_parquet(shard: Shard) -> Iterator[Document | Quarantined]:
 
     def batches(raw: BinaryIO) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         pf = pq.ParquetFile(raw)
-        return pf.schema_arrow, pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS)
+        groups = None
+        if shard.start or shard.stop is not None:  # a piece: a run of row groups
+            stop = pf.metadata.num_row_groups if shard.stop is None else shard.stop
+            groups = range(shard.start, stop)
+        return pf.schema_arrow, pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS, row_groups=groups)
 
     return _read_columnar(shard, "Parquet", batches)
 
@@ -702,7 +861,7 @@ def _read_columnar(
     kind: str,
     batches_of: Callable[[BinaryIO], tuple[pa.Schema, Iterator[pa.RecordBatch]]],
 ) -> Iterator[Document | Quarantined]:
-    row = 0
+    row = shard.first - 1
     try:
         raw = _open_regular(shard.path)
     except _Unreadable as err:

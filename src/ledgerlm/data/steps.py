@@ -223,3 +223,34 @@ def apply_filters(
             stats.dropped(f.name, doc, reason, group)
             return f.name, reason
     return None
+
+
+def apply_filters_batch(
+    filters: Sequence[Filter], docs: Sequence[Document], stats: GroupStats
+) -> list[tuple[str, str] | None]:
+    """``apply_filters`` over a batch, filter by filter: the same drops and counts, and a
+    filter with a ``check_batch(docs) -> reasons`` method (the repetition filter's
+    n-gram statistic is computed for a whole batch at once) gets the batch's survivors
+    in one call."""
+    groups = [group_of(doc) for doc in docs]
+    out: list[tuple[str, str] | None] = [None] * len(docs)
+    alive = list(range(len(docs)))
+    for f in filters:
+        if not alive:
+            break
+        for i in alive:
+            stats.seen(f.name, docs[i], groups[i])
+        batch = getattr(f, "check_batch", None)
+        if batch is not None:
+            reasons = batch([docs[i] for i in alive])
+        else:
+            reasons = [f.check(docs[i]) for i in alive]
+        still = []
+        for i, reason in zip(alive, reasons, strict=True):
+            if reason is None:
+                still.append(i)
+            else:
+                stats.dropped(f.name, docs[i], reason, groups[i])
+                out[i] = (f.name, reason)
+        alive = still
+    return out

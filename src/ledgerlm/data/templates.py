@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -39,11 +40,25 @@ def line_key(line: str) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
+def line_keys(stripped: Iterable[str]) -> np.ndarray:
+    """``line_key`` of lines already stripped, as one uint64 array. (A numpy hash of all
+    lines at once measured no faster than one blake2b call per line: the join, encode
+    and length passes cost what the calls do.)"""
+    digests = b"".join(
+        hashlib.blake2b(s.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+        for s in stripped
+    )
+    return np.frombuffer(digests, dtype="<u8").astype(np.uint64)
+
+
+def qualifying_lines(text: str, min_line_chars: int) -> set[str]:
+    """The distinct stripped lines of a text that are long enough to be templates."""
+    return {s for s in map(str.strip, text.split("\n")) if len(s) >= min_line_chars}
+
+
 def document_keys(text: str, min_line_chars: int) -> set[int]:
     """The distinct qualifying line keys of a text: a line counts once per document."""
-    return {
-        line_key(s) for s in {ln.strip() for ln in text.split("\n")} if len(s) >= min_line_chars
-    }
+    return {line_key(s) for s in qualifying_lines(text, min_line_chars)}
 
 
 def _merge_sorted(
@@ -65,25 +80,27 @@ class LineCounter:
 
     Memory grows with the number of distinct qualifying lines per source, not with text:
     after ``compact()`` each costs 16 bytes (a uint64 key and an int64 count in sorted
-    numpy arrays); lines added since the last compaction sit in a dict at roughly
-    100 bytes each, which is why the counter compacts itself every ``compact_every``
-    pending keys. Most lines of a real corpus are unique, so expect about 16 bytes per
-    line of the corpus; counting sources one at a time bounds the peak if that is too much.
-    Documents of excluded domains are not counted at all: their repeated lines are
-    content (code, math), and they never reach pass 2's removal anyway.
+    numpy arrays); lines added since the last compaction are counted by their text in a
+    ``Counter`` (one C loop per document; each distinct line is hashed once, when the
+    counter compacts) at roughly 150 bytes each, which is why the counter compacts itself
+    every ``compact_every`` pending lines. Most lines of a real corpus are unique, so
+    expect about 16 bytes per line of the corpus; counting sources one at a time bounds
+    the peak if that is too much. Documents of excluded domains are not counted at all:
+    their repeated lines are content (code, math), and they never reach pass 2's
+    removal anyway.
     """
 
     def __init__(
         self,
         min_line_chars: int = 20,
         exclude_domains: Iterable[str] = (),
-        compact_every: int = 1 << 20,
+        compact_every: int = 1 << 18,
     ) -> None:
         self.min_line_chars = min_line_chars
         self.exclude_domains = frozenset(exclude_domains)
         self.compact_every = compact_every
         self._docs: dict[str, int] = {}
-        self._pending: dict[str, dict[int, int]] = {}
+        self._pending: dict[str, Counter[str]] = {}
         self._pending_size = 0
         self._keys: dict[str, np.ndarray] = {}
         self._counts: dict[str, np.ndarray] = {}
@@ -96,27 +113,29 @@ class LineCounter:
         if doc.domain in self.exclude_domains:
             return
         self._docs[doc.source] = self._docs.get(doc.source, 0) + 1
-        pending = self._pending.setdefault(doc.source, {})
+        pending = self._pending.get(doc.source)
+        if pending is None:
+            pending = self._pending[doc.source] = Counter()
         before = len(pending)
-        for key in document_keys(doc.text, self.min_line_chars):
-            pending[key] = pending.get(key, 0) + 1
+        pending.update(qualifying_lines(doc.text, self.min_line_chars))
         self._pending_size += len(pending) - before
         if self._pending_size >= self.compact_every:
             self.compact()
 
     def compact(self) -> LineCounter:
-        """Fold pending dict counts into the sorted arrays (16 bytes per distinct line)."""
+        """Fold the pending lines into the sorted arrays (16 bytes per distinct line)."""
         for source, pending in self._pending.items():
             if not pending:
                 continue
-            keys = np.fromiter(pending.keys(), dtype=np.uint64, count=len(pending))
+            keys = line_keys(pending.keys())
             counts = np.fromiter(pending.values(), dtype=np.int64, count=len(pending))
-            order = np.argsort(keys)
+            keys, inverse = np.unique(keys, return_inverse=True)  # sorted, distinct
+            counts = np.bincount(inverse.ravel(), weights=counts, minlength=keys.size)
             self._keys[source], self._counts[source] = _merge_sorted(
                 self._keys.get(source, _EMPTY_KEYS),
                 self._counts.get(source, _EMPTY_COUNTS),
-                keys[order],
-                counts[order],
+                keys,
+                counts.astype(np.int64),
             )
         self._pending = {}
         self._pending_size = 0
@@ -195,6 +214,50 @@ def template_lines(counter: LineCounter, cfg: TemplatesConfig) -> dict[str, set[
         source: counter.keys_at_least(source, min_docs_for(counter.docs(source), cfg))
         for source in counter.sources()
     }
+
+
+def shard_template_lines(
+    counters: list[LineCounter], cfg: TemplatesConfig, ranges: int = 16
+) -> dict[str, set[int]]:
+    """``template_lines`` of the sum of many counters (one per shard), without building
+    the sum: per source and per range of keys (each counter's keys are sorted, so a
+    range is a slice of each), the slices are concatenated, counted and thresholded.
+    Peak memory is the counters plus 1/``ranges`` of their keys, where summing them
+    first held all their keys twice; and the sorted runs merge in one stable sort."""
+    if not cfg.enabled:
+        return {}
+    docs: dict[str, int] = {}
+    tables = []
+    for c in counters:
+        for source, n in c._docs.items():
+            docs[source] = docs.get(source, 0) + n
+        tables.append(c._tables())
+    bounds = [np.uint64(int(r * 2**64 / ranges)) for r in range(1, ranges)]
+    out: dict[str, set[int]] = {}
+    for source in sorted(docs):
+        least = min_docs_for(docs[source], cfg)
+        found: list[np.ndarray] = []
+        cuts = [
+            (keys[source], counts[source], np.searchsorted(keys[source], bounds))
+            for keys, counts in tables
+            if source in keys
+        ]
+        for r in range(ranges):
+            parts = [(k[a:b], c[a:b]) for k, c, at in cuts for a, b in [_span(at, r, len(k))]]
+            k = np.concatenate([p[0] for p in parts]) if parts else _EMPTY_KEYS
+            if not k.size:
+                continue
+            order = np.argsort(k, kind="stable")  # merges the sorted runs
+            k = k[order]
+            first = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+            total = np.add.reduceat(np.concatenate([p[1] for p in parts])[order], first)
+            found.append(k[first][total >= least])
+        out[source] = set(np.concatenate(found).tolist()) if found else set()
+    return out
+
+
+def _span(at: np.ndarray, r: int, n: int) -> tuple[int, int]:
+    return (int(at[r - 1]) if r else 0), (int(at[r]) if r < len(at) else n)
 
 
 _EXAMPLES = 5

@@ -20,6 +20,23 @@ counted. Embedding lookups, norms, RoPE, softmax and the optimizer are not count
 
     python bench/train_step.py                         # everything, a few minutes on 2 cores
     python bench/train_step.py --models d256 --modes compiled --precisions bf16 --profile
+
+``--vs-reference`` instead times ledgerlm's step against a minimal nanoGPT-style model of
+the same size written here (``MinimalGPT``: learned positions, pre-norm LayerNorm blocks,
+one qkv matmul, ``scaled_dot_product_attention(is_causal=True)``, a GELU MLP, tied head,
+mean cross-entropy over every position, fused AdamW), on the same batches, in the same
+process, interleaved: repeats alternate which side runs first, and each repeat's ratio is
+its best ledgerlm step against its best reference step. Its non-embedding parameters
+match ledgerlm's exactly (the GELU MLP is 1.5x as wide as SwiGLU, so its two matrices
+hold what SwiGLU's three do); it adds nanoGPT's learned position table::
+
+    python bench/train_step.py --vs-reference                    # eager and compiled, fp32
+    python bench/train_step.py --vs-reference --cold --profile    # cold compiles; where time goes
+    python bench/train_step.py --vs-reference --attention cross
+
+``--cold`` points inductor at an empty cache, so the first compiled step (reported apart)
+is a cold compile; ``--profile`` then sums each side's profiled self CPU time by what it
+does (matmuls, attention, loss, optimizer, fused compiled kernels, the rest).
 """
 
 from __future__ import annotations
@@ -33,13 +50,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 from ledgerlm.config import ModelConfig, TrainConfig, load_recipe
 from ledgerlm.model.gpt import GPT, ffn_hidden
 from ledgerlm.tokens.packing import Batch, batches, pack_documents
 from ledgerlm.train.loop import Trainer
 from ledgerlm.train.optim import build_optimizer
-from machine_load import cpu_jiffies, foreign_load
+from machine_load import cpu_jiffies, foreign_load, own_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -145,20 +164,11 @@ def synthetic_batches(shape: Shape, count: int, seed: int = 0) -> list[Batch]:
 def measure(shape: Shape, mode: str, precision: str, args: argparse.Namespace) -> dict:
     """tokens/s of the fastest of ``args.steps`` optimizer steps after ``args.warmup`` untimed
     ones (best of, like the matmul peak: the least disturbed by other load)."""
-    torch.manual_seed(0)
     torch._dynamo.reset()
-    model = GPT(shape.model, shape.vocab)
-    cfg = TrainConfig(
-        max_steps=10**6,
-        micro_batch_rows=shape.rows,
-        warmup_steps=0,
-        precision=precision,
-        compile=mode == "compiled",
-    )
-    data = itertools.cycle(synthetic_batches(shape, 4))
-    trainer = Trainer(model, build_optimizer(model, cfg), cfg, data, shape.attention)
+    trainer = _trainer(shape, mode, precision, synthetic_batches(shape, 4))
+    model = trainer.model
     warm = sum(_timed(trainer.train_step) for _ in range(args.warmup))
-    load, own = cpu_jiffies(), sum(os.times()[:2])
+    load, own = cpu_jiffies(), own_cpu()
     times = [_timed(trainer.train_step) for _ in range(args.steps)]
     foreign = foreign_load(load, own)
     if args.profile:
@@ -189,6 +199,241 @@ def profile(trainer: Trainer, title: str) -> None:
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
+class MinimalBlock(nn.Module):
+    """nanoGPT's block: ``x = x + attn(ln(x)); x = x + mlp(ln(x))``."""
+
+    def __init__(self, d: int, heads: int, hidden: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln_1 = nn.LayerNorm(d, bias=False)
+        self.c_attn = nn.Linear(d, 3 * d, bias=False)
+        self.c_proj = nn.Linear(d, d, bias=False)
+        self.ln_2 = nn.LayerNorm(d, bias=False)
+        self.c_fc = nn.Linear(d, hidden, bias=False)
+        self.mlp_proj = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+        x = x + self.c_proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+
+class MinimalGPT(nn.Module):
+    """A minimal nanoGPT-style decoder with ledgerlm's non-embedding parameter count."""
+
+    def __init__(self, cfg: ModelConfig, vocab: int, seq_len: int) -> None:
+        super().__init__()
+        d = cfg.d_model
+        hidden = 3 * ffn_hidden(cfg) // 2  # 2 x d x hidden = SwiGLU's 3 x d x ffn_hidden
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Embedding(seq_len, d)
+        self.h = nn.ModuleList(MinimalBlock(d, cfg.n_heads, hidden) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(d, bias=False)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+        for p in self.parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, 0.0, cfg.init_std)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The mean cross-entropy of every position, computed inside the model as nanoGPT
+        does (so a compiled model compiles it too)."""
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        for block in self.h:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def _adamw_kind() -> dict:
+    """``fused=True`` where this torch has a CPU fused AdamW, else ``foreach``."""
+    try:
+        torch.optim.AdamW([nn.Parameter(torch.zeros(1))], fused=True)
+        return {"fused": True}
+    except (RuntimeError, TypeError):
+        return {"foreach": True}
+
+
+def reference_step(shape: Shape, mode: str, data: list[Batch], cfg: TrainConfig):
+    """A nanoGPT training step on ``data`` (cycled): forward with the mean cross-entropy
+    over every position, backward, clipping, fused AdamW. Returns (step function, model)."""
+    from torch.profiler import record_function
+
+    model = MinimalGPT(shape.model, shape.vocab, shape.seq_len)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest}]
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **_adamw_kind())
+    if mode == "compiled":
+        model.compile(dynamic=False)
+    batches_ = itertools.cycle(data)
+
+    def step() -> None:
+        b = next(batches_)
+        with record_function("trainer.forward"):
+            loss = model(b.input_ids, b.targets)
+        opt.zero_grad(set_to_none=True)
+        with record_function("trainer.backward"):
+            loss.backward()
+        with record_function("trainer.clip"):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+
+    return step, model
+
+
+def _trainer(shape: Shape, mode: str, precision: str, data: list[Batch]) -> Trainer:
+    torch.manual_seed(0)
+    model = GPT(shape.model, shape.vocab)
+    cfg = TrainConfig(
+        max_steps=10**6,
+        micro_batch_rows=shape.rows,
+        warmup_steps=0,
+        precision=precision,
+        compile=mode == "compiled",
+    )
+    return Trainer(model, build_optimizer(model, cfg), cfg, itertools.cycle(data), shape.attention)
+
+
+# Where a step's time goes: each profiled op's own time, by what it is doing.
+LOSS_GRADS = {
+    "LogSoftmaxBackward0",
+    "NllLossBackward0",
+    "IndexBackward0",
+    "MaskedScatterBackward0",
+    "_ChunkedHeadLossBackward",
+}
+
+
+def _category(event) -> str:
+    name, parents = event.name, []
+    node = event.cpu_parent
+    while node is not None:
+        parents.append(node.name)
+        node = node.cpu_parent
+    grads = {p.split(": ", 1)[-1] for p in parents if p.startswith("autograd::engine")}
+    if any(p.startswith("Optimizer.") for p in parents):
+        return "optimizer (zero_grad, step)"
+    if "trainer.clip" in parents:
+        return "clip (grad norm)"
+    if "trainer.mask" in parents:
+        return "attention mask"
+    if name in ("aten::mm", "aten::addmm", "aten::bmm"):
+        return "matmul (fwd + bwd)"
+    if "scaled_dot_product" in name or "flash_attention" in name:
+        return "attention (fwd + bwd)"
+    loss_op = any(key in name for key in ("log_softmax", "nll_loss", "cross_entropy"))
+    chunked = "_ChunkedHeadLoss" in parents  # ledgerlm's head scored in chunks
+    if "trainer.loss" in parents or grads & LOSS_GRADS or loss_op or chunked:
+        return "loss (softmax, NLL, selection; fwd + bwd; not the head matmul)"
+    if "Compiled" in name or "CompiledFxGraph" in name or "Torch-Compiled" in name:
+        return "compiled fused kernels"
+    return "other (norms, RoPE/positions, MLP activation, residuals, embedding, host)"
+
+
+def profile_summary(step, steps: int = 3) -> tuple[dict[str, float], float]:
+    """(ms per step by category of self CPU time, wall ms per step) over ``steps`` steps."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        wall = (time.perf_counter() - start) / steps * 1e3
+    totals: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type.name != "CPU":
+            continue
+        key = _category(event)
+        totals[key] = totals.get(key, 0.0) + event.self_cpu_time_total / 1e3 / steps
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1])), wall
+
+
+def compare(shape: Shape, mode: str, args: argparse.Namespace) -> dict:
+    """ledgerlm against ``MinimalGPT`` on the same batches, interleaved (see the module doc)."""
+    torch._dynamo.reset()
+    data = synthetic_batches(shape, 4)
+    trainer = _trainer(shape, mode, "fp32", data)
+    ref, ref_model = reference_step(shape, mode, data, trainer.cfg)
+    sides = {"ledgerlm": trainer.train_step, "reference": ref}
+    first = {name: _timed(fn) for name, fn in sides.items()}  # compiles, when compiled
+    for _ in range(args.warmup):
+        for fn in sides.values():
+            fn()
+    tokens = shape.rows * shape.seq_len
+    best: dict[str, list[float]] = {name: [] for name in sides}
+    load, own = cpu_jiffies(), own_cpu()
+    for r in range(args.repeats):
+        for name in sides if r % 2 == 0 else reversed(list(sides)):
+            best[name].append(min(_timed(sides[name]) for _ in range(args.steps)))
+    foreign = foreign_load(load, own)
+    ratios = sorted(b / a for a, b in zip(best["ledgerlm"], best["reference"], strict=True))
+    out = {
+        "mode": mode,
+        "attention": shape.attention,
+        "first_s": first,
+        "tokens_per_s": {n: tokens / float(np.median(t)) for n, t in best.items()},
+        "ratios": ratios,
+        "foreign": foreign,
+        "params": {
+            "ledgerlm": trainer.model.num_params(non_embedding=True),
+            "reference": sum(p.numel() for p in ref_model.parameters())
+            - ref_model.wte.weight.numel()
+            - ref_model.wpe.weight.numel(),
+        },
+    }
+    if args.profile:
+        out["profile"] = {n: profile_summary(fn) for n, fn in sides.items()}
+    return out
+
+
+def vs_reference(args: argparse.Namespace) -> None:
+    shape = shapes(args)["demo"]
+    print(
+        f"{shape.name}: {shape.rows} rows x {shape.seq_len} tokens, vocabulary {shape.vocab}, "
+        f"{shape.attention} attention (the reference: causal), fp32; "
+        f"{args.repeats} repeats x best of {args.steps} steps; inductor cache "
+        + ("empty (cold compiles)" if args.cold else "as found")
+    )
+    results = []
+    for mode in args.modes:
+        r = compare(shape, mode, args)
+        results.append(r)
+        print(
+            f"  {mode}: non-embedding params ledgerlm {r['params']['ledgerlm']:,}, reference "
+            f"{r['params']['reference']:,}; first step (compile when compiled): ledgerlm "
+            f"{r['first_s']['ledgerlm']:.1f} s, reference {r['first_s']['reference']:.1f} s",
+            flush=True,
+        )
+    print()
+    print(
+        "| mode | ledgerlm tokens/s | reference tokens/s | ratio min | median | max "
+        "| first step s (ledgerlm / ref) | other load |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        ratios, tps = r["ratios"], r["tokens_per_s"]
+        load = "?" if r["foreign"] is None else f"{100 * r['foreign']:.0f}%"
+        print(
+            f"| {r['mode']} | {tps['ledgerlm']:,.0f} | {tps['reference']:,.0f} | "
+            f"{ratios[0]:.2f} | {float(np.median(ratios)):.2f} | {ratios[-1]:.2f} | "
+            f"{r['first_s']['ledgerlm']:.1f} / {r['first_s']['reference']:.1f} | {load} |"
+        )
+    print("ratio: ledgerlm tokens/s over the reference's, per repeat (best step of each)")
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+    for r in results:
+        for name, (cats, wall) in r.get("profile", {}).items():
+            print(f"\n--- where a step goes: {name}, {r['mode']} (ms per step, self CPU time)")
+            print(f"  wall {wall:.1f} ms")
+            for key, ms in cats.items():
+                print(f"  {ms:8.1f}  {100 * ms / sum(cats.values()):4.0f}%  {key}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -206,14 +451,28 @@ def main() -> None:
     parser.add_argument("--matmul-repeat", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="0 = all cores")
     parser.add_argument("--profile", action="store_true", help="profile one step of each")
+    parser.add_argument(
+        "--vs-reference", action="store_true", help="time the demo model against MinimalGPT"
+    )
+    parser.add_argument("--repeats", type=int, default=5, help="--vs-reference: repeats")
+    parser.add_argument(
+        "--cold", action="store_true", help="an empty inductor cache: first steps compile cold"
+    )
     args = parser.parse_args()
+    if args.cold:
+        import tempfile
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-cold-")
 
     threads = args.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     print(
         f"torch {torch.__version__}, {threads} threads, "
-        f"cpu: {torch.backends.cpu.get_cpu_capability()}"
+        f"cpu: {torch.backends.cpu.get_cpu_capability()}, load average {os.getloadavg()[0]:.2f}"
     )
+    if args.vs_reference:
+        vs_reference(args)
+        return
     peak = {p: matmul_peak(DTYPES[p], args.matmul_size, args.matmul_repeat) for p in DTYPES}
     print("matmul peak (start): " + ", ".join(f"{p} {g:.1f} GFLOP/s" for p, g in peak.items()))
 

@@ -1,8 +1,10 @@
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from ledgerlm.config import ModelConfig
+from ledgerlm.model import gpt
 from ledgerlm.model.attention import attention_mask
 from ledgerlm.model.gpt import GPT
 from ledgerlm.tokens.packing import batches, make_batch, pack_documents
@@ -128,3 +130,45 @@ def test_activation_checkpointing_recomputes_the_same_numbers():
     (loss_a, a), (loss_b, g) = grads
     assert torch.equal(loss_a, loss_b)
     assert a.keys() == g.keys() and all(torch.equal(a[k], g[k]) for k in a)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_head_loss_is_the_weighted_cross_entropy_of_the_logits(monkeypatch, dtype):
+    """``forward(..., targets=, weights=)`` scores the head in chunks (several here) and
+    gives the weighted cross-entropy of the plain logits, value and gradients."""
+    monkeypatch.setattr(gpt, "HEAD_CHUNK_BYTES", 64 * 4 * V)  # 64-row chunks: 3 of them
+    rng = np.random.default_rng(0)
+    docs = [(rng.integers(3, V, size=rng.integers(2, 12)), 0) for _ in range(30)]
+    b = next(batches(list(pack_documents(docs, 65, 1, 2, 0))[:3], 3))
+    weights = torch.rand(b.loss_mask.shape, dtype=torch.float64) * b.loss_mask
+    mask = attention_mask(b.doc_ids, "isolated")
+    results = []
+    for fused in (False, True):
+        model = _model().to(dtype).train()
+        if fused:
+            out = model(b.input_ids, b.position_ids, mask, targets=b.targets, weights=weights)
+        else:
+            logits = model(b.input_ids, b.position_ids, mask)
+            ce = F.cross_entropy(logits.flatten(0, 1), b.targets.flatten(), reduction="none")
+            out = (ce * weights.flatten().to(dtype)).sum()
+        out.backward()
+        results.append([out.detach()] + [p.grad for p in model.parameters()])
+    rel = 1e-5 if dtype == torch.float32 else 1e-12  # of each tensor's largest entry
+    for plain, chunked in zip(*results, strict=True):
+        assert (chunked - plain).abs().max() <= rel * plain.abs().max()
+
+
+def test_head_loss_keeps_unweighted_rows_out_even_when_not_finite():
+    torch.manual_seed(0)
+    x = torch.randn(10, 8, requires_grad=True)
+    weight = torch.randn(V, 8, requires_grad=True)
+    targets = torch.randint(0, V, (10,))
+    weights = torch.ones(10)
+    weights[[2, 7]] = 0.0
+    poisoned = torch.where(weights[:, None] > 0, x, torch.tensor(float("nan")))
+    out = gpt.head_loss(poisoned, weight, targets, weights)
+    out.backward()
+    assert out.isfinite() and weight.grad.isfinite().all() and x.grad.isfinite().all()
+    assert not x.grad[[2, 7]].any()
+    expected = F.cross_entropy(x @ weight.t(), targets, reduction="none")[weights > 0].sum()
+    torch.testing.assert_close(out, expected)

@@ -13,16 +13,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import torch
+from torch.profiler import record_function
 
 from ledgerlm.config import TrainConfig
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.train.distributed import World, data_parallel
-from ledgerlm.train.loss import (
-    NoTargetsError,
-    masked_target_loss,
-    objective_denominator,
-    objective_terms,
-)
+from ledgerlm.train.loss import NoTargetsError, objective_denominator, objective_weights
 from ledgerlm.train.optim import Optimizer, lr_factor, schedule_position
 from ledgerlm.train.record import Recorder
 
@@ -207,19 +203,27 @@ class Trainer:
             if mb.num_targets == 0 and world.parallel == "none":
                 continue
             mb = world.to_device(mb)
+            # Named ranges (``trainer.*``) let a profile say where a step goes; they cost
+            # nothing measurable when no profiler is running.
             with self._sync(i == last), self.autocast():  # backward reuses the dtypes
-                mask = self.model.attention_spec(mb.doc_ids, self.attention)
-                logits = self.engine(mb.input_ids, mb.position_ids, mask)
-                per_target = masked_target_loss(logits, mb.targets, mb.loss_mask)
-                numerator, _ = objective_terms(per_target, mb.loss_mask, *terms)
-            with self._sync(i == last):
+                with record_function("trainer.mask"):
+                    mask = self.model.attention_spec(mb.doc_ids, self.attention)
+                with record_function("trainer.forward"):
+                    # The model scores its head itself (GPT.forward with targets): the
+                    # numerator, weighted by the objective, without the (B, T, V) logits.
+                    weights = objective_weights(mb.loss_mask, *terms, dtype=torch.float64)
+                    numerator = self.engine(
+                        mb.input_ids, mb.position_ids, mask, targets=mb.targets, weights=weights
+                    )
+            with self._sync(i == last), record_function("trainer.backward"):
                 (numerator / denominator).backward()
             total += numerator.detach().double()
         (numerator_sum,) = world.all_reduce([float(total)], torch.float64)
         loss = numerator_sum / denominator
-        grad_norm = float(
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or math.inf)
-        )
+        with record_function("trainer.clip"):
+            grad_norm = float(
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or math.inf)
+            )
         factor = lr_factor(schedule_position(cfg, step, s.tokens), cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = group["base_lr"] * factor

@@ -105,6 +105,22 @@ def objective_terms(
     return (row_sum / row_count).sum(), denominator
 
 
+def objective_weights(
+    loss_mask: torch.Tensor, objective: str, empty_rows: str, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Each target's weight in the numerator, shape loss_mask.shape: ``sum(weights *
+    per_target)`` is ``objective_terms``'s numerator (up to rounding). 1 at each supervised
+    target (``token_mean``) or 1 / the row's supervised targets (``sequence_mean``); 0 at
+    every unsupervised position. Known before any forward, so the model can score the
+    head chunk by chunk (``GPT.forward(..., targets=, weights=)``)."""
+    _check(objective, empty_rows)
+    mask = loss_mask.bool()
+    weights = mask.to(dtype)
+    if objective == "token_mean":
+        return weights
+    return weights / mask.sum(-1, keepdim=True).clamp(min=1).to(dtype)
+
+
 def objective_loss(
     per_target: torch.Tensor, loss_mask: torch.Tensor, objective: str, empty_rows: str
 ) -> torch.Tensor:

@@ -91,7 +91,24 @@ Optimizer = torch.optim.Optimizer | MultiOptimizer
 
 def _adamw(groups: list[dict], cfg: TrainConfig) -> torch.optim.AdamW:
     groups = [{**g, "base_lr": cfg.lr} for g in groups if g["params"]]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    params = [p for g in groups for p in g["params"]]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **_kernel(params))
+
+
+def _kernel(params: list[torch.Tensor]) -> dict[str, bool]:
+    """AdamW's fused kernel for parameters that all live in CPU memory, else torch's default.
+
+    On the CPU torch defaults to a Python loop over parameters (foreach is a CUDA default):
+    the fused kernel updates each parameter in one pass, ~25x faster on the demo model
+    (a few ms of each step on 2 cores). CUDA keeps torch's default (foreach), and a
+    sharded (DTensor) parameter keeps it everywhere.
+    """
+    from torch.distributed.tensor import DTensor
+
+    plain = not any(isinstance(p, DTensor) for p in params)
+    if params and plain and all(p.device.type == "cpu" for p in params):
+        return {"fused": True}
+    return {}
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> Optimizer:

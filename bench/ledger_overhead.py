@@ -60,7 +60,7 @@ from ledgerlm.train.evaluate import weights_digest
 from ledgerlm.train.loop import Trainer
 from ledgerlm.train.optim import build_optimizer
 from ledgerlm.workspace import Workspace
-from machine_load import cpu_jiffies, foreign_load
+from machine_load import cpu_jiffies, foreign_load, own_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = 0.01  # bookkeeping under 1% of a training step
@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
             fit(recipe, store, 3, None, bench)  # untimed warm-up: first-run allocations
             ledger = Ledger(ledger_path)
             runs = []
-            load, own = cpu_jiffies(), sum(os.times()[:2])
+            load, own = cpu_jiffies(), own_cpu()
             for r in range(args.repeat):
                 a = fit(recipe, store, args.steps, None, bench)
                 b = fit(recipe, store, args.steps, ledger, bench)

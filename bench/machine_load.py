@@ -18,12 +18,19 @@ def cpu_jiffies() -> tuple[int, int] | None:
     return sum(fields[:8]) - idle, sum(fields[:8])
 
 
+def own_cpu() -> float:
+    """CPU seconds of this process and of its finished (waited-for) child processes: a
+    benchmark's own work, which may run as subprocesses."""
+    return sum(os.times()[:4])
+
+
 def foreign_load(start: tuple[int, int] | None, own_start: float) -> float | None:
-    """Share of the machine's CPU time since ``start`` used by other processes: the
-    numbers are only as good as this is small (a busy core stalls every parallel op)."""
+    """Share of the machine's CPU time since ``start`` used by other processes than this
+    one and its children (``own_start``: ``own_cpu()`` at ``start``): the numbers are
+    only as good as this is small (a busy core stalls every parallel op)."""
     end = cpu_jiffies()
     if start is None or end is None or end[1] == start[1]:
         return None
     hz = os.sysconf("SC_CLK_TCK")
-    own = (sum(os.times()[:2]) - own_start) * hz
+    own = (own_cpu() - own_start) * hz
     return max(0.0, (end[0] - start[0] - own) / (end[1] - start[1]))

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -40,7 +39,7 @@ from ledgerlm.mixture.regress import (
     read_mixture_table,
     recommend,
 )
-from machine_load import cpu_jiffies, foreign_load
+from machine_load import cpu_jiffies, foreign_load, own_cpu
 
 GOAL_S = 5.0  # the whole command, end to end
 ROWS, DOMAINS, PREDICT_ROWS = 512, 17, 64
@@ -110,8 +109,7 @@ def run(args) -> dict:
         runs, mixtures = write_tables(Path(tmp), args.seed)
         fit_cmd = [py, "-m", "ledgerlm", "mix", "fit", "--csv", str(runs), "--target", "loss"]
         fit_cmd += ["--predict", str(mixtures), "--json"]
-        load, own = cpu_jiffies(), sum(os.times()[:2])
-        children = sum(os.times()[2:4])
+        load, own = cpu_jiffies(), own_cpu()  # the subprocesses are ours
         timed(baseline_cmd)  # warm the page cache and the bytecode caches; not counted
         base, full, result = [], [], {}
         for _ in range(args.repeat):
@@ -120,8 +118,7 @@ def run(args) -> dict:
             full.append(seconds)
             result = json.loads(stdout)
         steps = in_process(runs, mixtures)
-        child_cpu = sum(os.times()[2:4]) - children
-        load_share = foreign_load(load, own - child_cpu)  # the subprocesses are ours
+        load_share = foreign_load(load, own)
     return {
         "rows": result["rows"],
         "domains": len(result["domains"]),

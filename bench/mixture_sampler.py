@@ -48,7 +48,7 @@ from ledgerlm.train.optim import build_optimizer
 from ledgerlm.workspace import Workspace
 
 sys.path.insert(0, str(Path(__file__).parent))
-from machine_load import cpu_jiffies, foreign_load
+from machine_load import cpu_jiffies, foreign_load, own_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 MIX = [Segment(None, {"code": 0.5, "docs": 0.2, "math": 0.3})]
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         ws = Workspace(args.workspace or tmp)
         data = prepare_data(recipe.data, ws)
         store = TokenStore(build_tokens(data, recipe.tokenizer, ws).path)
-        load, own = cpu_jiffies(), sum(os.times()[:2])
+        load, own = cpu_jiffies(), own_cpu()
         alone = {"natural": [], "mixed": []}
         for _ in range(3):
             for name, mix in (("natural", None), ("mixed", MIX)):

@@ -25,6 +25,7 @@ reported as min / median / max.
 
     python bench/race.py                      # 3 repeats, about 10 minutes on 2 cores
     python bench/race.py --repeat 1 --target 2.9 --json
+    python bench/race.py --ablate --repeat 2      # ledgerlm alone: the recipe's ablations
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine_load import cpu_jiffies, foreign_load
+from machine_load import cpu_jiffies, foreign_load, own_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs" / "race.toml"
@@ -197,14 +198,85 @@ def run_ledgerlm(
     for p in summary["phases"]:
         phases[p["kind"]] = phases.get(p["kind"], 0.0) + (p.get("seconds") or 0.0)
     last = summary["evaluations"][-1]
+    by_phase = dict(ttt.get("by_phase") or {})
+    upkeep = by_phase.get("eval", 0.0) + by_phase.get("checkpoint", 0.0)
     return {
         "wall_s": wall,
         "reached": summary["run"]["status"] == "reached",
         "at": f"step {last['step']}",
+        "step": last["step"],
         "bits_per_char": last["metrics"].get("nats_per_char", math.nan) / math.log(2),
         "ledger_ttt_s": ttt.get("seconds"),
+        "ttt_by_phase_s": by_phase,
+        # evaluation and checkpoints as a share of the ledger's time-to-target
+        "eval_checkpoint_share": upkeep / ttt["seconds"] if ttt.get("seconds") else None,
         "phases_s": phases,
     }
+
+
+# The ablations behind configs/race.toml: each changes one choice of the recipe.
+ABLATIONS: dict[str, list[str]] = {
+    "recipe": [],
+    "vocab 512": ["tokenizer.vocab_size=512"],
+    "vocab 4096": ["tokenizer.vocab_size=4096"],
+    "context 64": ["pack.seq_len=64"],
+    "context 256": ["pack.seq_len=256"],
+    "lr 1e-3": ["train.lr=1e-3"],
+    "cosine over 400": ["train.schedule=cosine", "train.max_steps=400"],
+    "batch 8 rows": ["train.micro_batch_rows=8"],
+    "batch 32 rows": ["train.micro_batch_rows=32"],
+    "eval every 25": ["eval.every_steps=25"],
+    "eval every 100": ["eval.every_steps=100"],
+    "eval 32k tokens": ["eval.max_tokens=32768"],
+    "async eval": ["eval.asynchronous=true"],
+    "near dedup on": ["data.near_dedup.enabled=true"],
+}
+
+
+def ablate(folder: Path, train: Path, val: Path, args: argparse.Namespace) -> list[dict]:
+    """ledgerlm alone, each ablation ``args.repeat`` times (seeds 0, 1, ...), in turn."""
+    chosen = args.only or list(ABLATIONS)
+    rows = []
+    for seed in range(args.repeat):
+        for name in chosen:
+            load_start, own = cpu_jiffies(), own_cpu()
+            extra = [*ABLATIONS[name], *args.extra]
+            out = run_ledgerlm(folder, train, val, args.target, seed, extra)
+            out.update(variant=name, seed=seed, other_load=foreign_load(load_start, own))
+            rows.append(out)
+            if not args.json:
+                print(
+                    f"{name} (seed {seed}): {out['wall_s']:.1f} s, {out['at']}, "
+                    f"{out['bits_per_char']:.3f} bit/char, reached {out['reached']}, ledger "
+                    f"time-to-target {out['ledger_ttt_s']}, eval+checkpoint share "
+                    f"{out['eval_checkpoint_share']}, other load {out['other_load']}",
+                    flush=True,
+                )
+    return rows
+
+
+def ablation_table(rows: list[dict]) -> list[dict]:
+    """Per ablation: the median whole-command seconds (a run that missed the target
+    counts as infinite), steps, and its ratio to the recipe's median."""
+    table = []
+    for name in dict.fromkeys(r["variant"] for r in rows):
+        mine = [r for r in rows if r["variant"] == name]
+        walls = [r["wall_s"] if r["reached"] else math.inf for r in mine]
+        shares = [r["eval_checkpoint_share"] for r in mine if r["eval_checkpoint_share"]]
+        table.append(
+            {
+                "variant": name,
+                "median_s": statistics.median(walls),
+                "steps": [r["step"] for r in mine],
+                "reached": sum(r["reached"] for r in mine),
+                "runs": len(mine),
+                "eval_checkpoint_share": statistics.median(shares) if shares else None,
+            }
+        )
+    base = next((t["median_s"] for t in table if t["variant"] == "recipe"), None)
+    for t in table:
+        t["vs_recipe"] = t["median_s"] / base if base and math.isfinite(base) else None
+    return table
 
 
 def main() -> None:
@@ -215,13 +287,34 @@ def main() -> None:
         "--set", dest="extra", action="append", default=[], help="extra ledgerlm --set"
     )
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--ablate", action="store_true", help="ledgerlm alone: the recipe and its ablations"
+    )
+    parser.add_argument(
+        "--only", action="append", choices=list(ABLATIONS), help="--ablate: these ablations"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         train, val, sizes = make_corpus(folder)
+        if args.ablate:
+            rows = ablate(folder, train, val, args)
+            table = ablation_table(rows)
+            if args.json:
+                print(json.dumps({"corpus": sizes, "rows": rows, "table": table}, indent=2))
+                return
+            for t in table:
+                ratio = f"{t['vs_recipe']:.2f}x" if t["vs_recipe"] else "-"
+                share = t["eval_checkpoint_share"]
+                print(
+                    f"{t['variant']:<16} {t['median_s']:7.1f} s  {ratio:>6} of the recipe  "
+                    f"steps {t['steps']}  reached {t['reached']}/{t['runs']}  eval+checkpoint "
+                    f"{'-' if share is None else f'{share:.1%}'}"
+                )
+            return
         rows = []
         for seed in range(args.repeat):
-            load_start, own = cpu_jiffies(), sum(os.times()[:2])
+            load_start, own = cpu_jiffies(), own_cpu()
             sides = [
                 ("baseline", lambda s=seed: run_baseline(folder, train, val, args.target, s)),
                 (

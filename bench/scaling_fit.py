@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ import numpy as np
 from ledgerlm.scaling.fit import ScalingLaw, make_grid
 from ledgerlm.scaling.law import NAMES
 from ledgerlm.scaling.table import load_epoch_chinchilla
-from machine_load import cpu_jiffies, foreign_load
+from machine_load import cpu_jiffies, foreign_load, own_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 CSV = ROOT.parent / "shared/data/chinchilla_epoch.csv"
@@ -54,7 +53,7 @@ def best_of(repeat: int, fn):
 def run(args) -> dict:
     points = load_epoch_chinchilla(args.csv, drop_highest_loss=5)
     n = len(points.N)
-    load, own = cpu_jiffies(), sum(os.times()[:2])
+    load, own = cpu_jiffies(), own_cpu()
 
     fit_s, model = best_of(args.repeat, lambda: ScalingLaw().fit(*points))
     boot_s, boot = best_of(args.repeat, lambda: model.bootstrap(args.resamples, seed=args.seed))

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ import torch
 from ledgerlm.config import load_recipe
 from ledgerlm.model.decode import flops_per_token, generate, generate_uncached
 from ledgerlm.model.gpt import GPT
-from machine_load import cpu_jiffies, foreign_load
+from machine_load import cpu_jiffies, foreign_load, own_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     recipe = load_recipe(args.recipe)
     torch.manual_seed(0)
     model = GPT(recipe.model, recipe.tokenizer.vocab_size).eval()
-    load, own = cpu_jiffies(), sum(os.times()[:2])
+    load, own = cpu_jiffies(), own_cpu()
     rows = [measure(model, args.batch, t, args.new_tokens, args.repeat) for t in args.contexts]
     foreign = foreign_load(load, own)
     out = {

@@ -27,17 +27,23 @@ def test_run_prints_the_summary_and_reaches_the_target(tiny_workspace):
 
 
 def test_phases_cover_the_wall_time_of_the_run(tiny_workspace):
-    """From the run's creation to the end of its last phase, every second is in a phase
-    (setup included), so time-to-target is the wall time until the confirmation."""
+    """From the command's start to the end of its last phase, every second is in a phase:
+    the start-up before the run existed (interpreter, imports) is a ``startup`` phase,
+    then from the run's creation on ``setup`` and the rest; time-to-target is the wall
+    time until the confirmation, start-up included."""
     s = _show(tiny_workspace)
     c = s["coverage"]
     assert c["wall_seconds"] > 1.0
     assert c["uncovered_seconds"] < min(0.2, 0.01 * c["wall_seconds"])
     assert c["interrupted_seconds"] == 0
-    assert s["total_seconds"] == pytest.approx(c["wall_seconds"], abs=0.2)
+    (startup,) = [p for p in s["phases"] if p["kind"] == "startup"]
+    assert startup["seconds"] > 0.2  # at least importing torch
+    assert startup["ended_at"] == pytest.approx(s["run"]["created_at"], abs=0.1)
+    assert s["total_seconds"] == pytest.approx(c["wall_seconds"] + startup["seconds"], abs=0.2)
     setup = [p for p in s["phases"] if p["kind"] == "setup"]
     assert setup and setup[0]["started_at"] - s["run"]["created_at"] < 0.05
-    assert s["time_to_target"]["seconds"] >= sum(p["seconds"] for p in setup)
+    assert s["time_to_target"]["by_phase"]["startup"] == pytest.approx(startup["seconds"])
+    assert s["time_to_target"]["seconds"] >= sum(p["seconds"] for p in [startup, *setup])
 
 
 def test_ledger_show_names_time_between_phases(tmp_path):
@@ -56,7 +62,7 @@ def test_ledger_show_json_reports_everything_from_the_database(tiny_workspace):
     s = _show(tiny_workspace)
     assert s["run"]["status"] == "reached"
     kinds = {p["kind"] for p in s["phases"]}
-    assert kinds == {"setup", "prep", "tokenize", "train", "eval", "checkpoint"}
+    assert kinds == {"startup", "setup", "prep", "tokenize", "train", "eval", "checkpoint"}
     assert all(p["seconds"] is not None and p["seconds"] >= 0 for p in s["phases"])
     c = s["counters"]
     assert c["optimizer_updates"] >= 1

@@ -117,7 +117,7 @@ def _print_result(result: RunResult) -> None:
 
 
 def _run(recipe_path: Path, workspace: Path, overrides: list[str] | None) -> None:
-    from ledgerlm.lab.run import run_recipe
+    from ledgerlm.lab.run import process_started_at, run_recipe
     from ledgerlm.train.distributed import distributed_world
 
     recipe = load_recipe(recipe_path, overrides)
@@ -132,6 +132,7 @@ def _run(recipe_path: Path, workspace: Path, overrides: list[str] | None) -> Non
                 progress,
                 world,
                 on_plan=lambda planned: print_plan(planned.to_dict()),
+                launched_at=process_started_at(),
             )
     _print_result(result)
 

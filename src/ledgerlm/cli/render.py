@@ -17,7 +17,17 @@ from ledgerlm.cli.ui import fmt_seconds
 from ledgerlm.ledger.mixture import DOMAIN_COUNTER
 from ledgerlm.ledger.target import TimeToTarget
 
-PHASE_ORDER = ("search", "setup", "prep", "tokenize", "train", "eval", "checkpoint", "restore")
+PHASE_ORDER = (
+    "search",
+    "startup",
+    "setup",
+    "prep",
+    "tokenize",
+    "train",
+    "eval",
+    "checkpoint",
+    "restore",
+)
 UNCOVERED_SHOWN = 0.05  # seconds between phases worth a line in `ledger show`
 
 

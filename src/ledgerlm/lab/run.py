@@ -240,6 +240,20 @@ def _test_once(
     recorder.event("test_evaluation", json.dumps(record), step=step)
 
 
+def process_started_at() -> float:
+    """When this process started (epoch seconds), as the operating system knows it."""
+    import psutil
+
+    return psutil.Process().create_time()
+
+
+def charge_startup(ledger: Ledger, run_id: str, launched_at: float) -> None:
+    """The command's start-up before the run existed, as a ``startup`` phase: the
+    interpreter, importing torch and the lab, reading the recipe, opening the ledger."""
+    seconds = max(0.0, time.time() - launched_at)
+    ledger.record_phase(run_id, "startup", seconds, detail={"what": "interpreter and imports"})
+
+
 def charge_search(ledger: Ledger, run_id: str, search: dict[str, Any]) -> None:
     """The mixture search whose result the run uses, as a ``search`` phase holding the
     search's wall time (it ended before the run began), so time-to-target includes it."""
@@ -297,12 +311,16 @@ def run_recipe(
     world: World | None = None,
     on_plan: Callable[[MixturePlan], None] | None = None,
     callbacks: Sequence[Any] = (),
+    launched_at: float | None = None,
 ) -> RunResult:
     """Run ``recipe`` end to end; under ``torchrun`` pass the ``World`` on every rank.
 
     ``on_plan`` receives the mixture plan (tokens and epochs per domain) once the
     token version is known, before the validation set and the model are built;
-    ``callbacks`` are added to the trainer's (one process only)."""
+    ``callbacks`` are added to the trainer's (one process only). ``launched_at``: when
+    the command running it started (``process_started_at()``, epoch seconds); the time
+    from then to the run's creation (interpreter, imports, reading the recipe) is
+    charged as a ``startup`` phase, so the bill holds what the user waited for."""
     progress = progress or NullProgress()
     world = world or World()
     if not world.is_main:
@@ -334,6 +352,8 @@ def run_recipe(
         meta={"contract": recipe.eval.contract()},
     )
     started_at = time.time()
+    if launched_at is not None:
+        charge_startup(ledger, run_id, launched_at)
     if search is not None:
         charge_search(ledger, run_id, search)
     recorder = LedgerRecorder(ledger, run_id, flush_every=recipe.eval.every_steps)

@@ -54,7 +54,17 @@ from ledgerlm.report.plots import (
     t,
 )
 
-PHASE_ORDER = ("setup", "search", "prep", "tokenize", "restore", "train", "eval", "checkpoint")
+PHASE_ORDER = (
+    "startup",
+    "setup",
+    "search",
+    "prep",
+    "tokenize",
+    "restore",
+    "train",
+    "eval",
+    "checkpoint",
+)
 PHASE_COLORS = {
     "setup": "#d9d9d9",
     "prep": "#8dd3c7",

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+import sys
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor as _DTensor
 from torch.utils.checkpoint import checkpoint
 
 from ledgerlm.config import ModelConfig
@@ -164,9 +164,16 @@ def head_loss(
     return _ChunkedHeadLoss.apply(x, weight, targets, weights, rows, dtype)
 
 
+def is_sharded(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a DTensor (a parameter sharded by FSDP). Asked without importing
+    ``torch.distributed.tensor`` (half a second): no DTensor exists until it is imported."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
+
+
 def _assign(p: torch.Tensor, full: torch.Tensor) -> None:
     """Copy a whole initial tensor into ``p``, or into its shard when ``p`` is sharded."""
-    if isinstance(p, _DTensor):
+    if is_sharded(p):
         from torch.distributed.tensor import distribute_tensor
 
         local = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None)
@@ -213,7 +220,7 @@ class GPT(nn.Module):
         """Memory on ``device`` for every parameter (or its shard), then the initial
         weights (``reset_parameters``); the same weights at any device or sharding."""
         self.to_empty(device=device)
-        if not isinstance(self.embed.weight, _DTensor):  # a sharded model stays as placed
+        if not is_sharded(self.embed.weight):  # a sharded model stays as placed
             self.tie()  # moving replaces parameters, so tied ones are tied again
         self.reset_parameters()
         return self

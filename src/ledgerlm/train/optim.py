@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ledgerlm.config import TrainConfig
+from ledgerlm.model.gpt import is_sharded
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -103,9 +104,7 @@ def _kernel(params: list[torch.Tensor]) -> dict[str, bool]:
     (a few ms of each step on 2 cores). CUDA keeps torch's default (foreach), and a
     sharded (DTensor) parameter keeps it everywhere.
     """
-    from torch.distributed.tensor import DTensor
-
-    plain = not any(isinstance(p, DTensor) for p in params)
+    plain = not any(is_sharded(p) for p in params)
     if params and plain and all(p.device.type == "cpu" for p in params):
         return {"fused": True}
     return {}

@@ -54,6 +54,8 @@ import threading
 import time
 from pathlib import Path
 
+from machine_load import cpu_jiffies
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SHINGLE, BANDS, ROWS = 5, 14, 8
@@ -252,14 +254,6 @@ def load() -> str:
     return f"load average {one:.2f} (1 min) {five:.2f} (5 min), {os.cpu_count()} cores"
 
 
-def _busy() -> tuple[int, int] | None:
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    return sum(fields[:8]) - fields[3] - fields[4], sum(fields[:8])
-
-
 def wait_for_quiet(limit: float, seconds: float) -> None:
     """Wait until the 1-minute load average is below ``limit`` (at most ``seconds``)."""
     deadline = time.time() + seconds
@@ -439,14 +433,14 @@ def main() -> None:
     if args.quiet_load:
         wait_for_quiet(args.quiet_load, 600)
     print(f"start: {load()}", flush=True)
-    busy0, own0 = _busy(), sum(os.times()[:2])
+    busy0, own0 = cpu_jiffies(), sum(os.times()[:2])
     sizes, off = [], None
     with tempfile.TemporaryDirectory(dir=args.corpus_dir) as tmp:
         for n in sizes_wanted:
             sizes.append(one_size(n, args, Path(tmp)))
         if not args.no_off:
             off = all_off(args, Path(tmp))
-    busy1 = _busy()
+    busy1 = cpu_jiffies()
     foreign = None
     if busy0 and busy1 and busy1[1] > busy0[1]:
         runs = [r for s in sizes for v in s["rows"].values() for r in v]

@@ -173,18 +173,6 @@ def _stop_fork_server() -> None:
         server._stop()
 
 
-def map_shards(
-    fn: Callable[..., Any],
-    jobs: Sequence[tuple],
-    executor: str = "local",
-    workers: int = 0,
-    on_done: Callable[[int], None] | None = None,
-) -> list[Any]:
-    """One pass on a pool of its own: ``ShardPool(...).map(fn, jobs, on_done)``."""
-    with ShardPool(executor, workers, len(jobs)) as pool:
-        return pool.map(fn, jobs, on_done)
-
-
 def _map_ray(fn, jobs, workers, on_done) -> list[Any]:
     try:
         import ray

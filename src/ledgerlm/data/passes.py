@@ -107,15 +107,28 @@ def cached(
 
 
 def _drop(doc: Document, step: str, reason: str, cluster: str | None = None, kept=None) -> dict:
+    return _drop_row(doc.id, doc.source, doc.domain, step, reason, cluster, kept)
+
+
+def _drop_row(
+    id_: str, source: str, domain: str, step: str, reason: str, cluster: str | None, kept
+) -> dict:
+    """A row of ``DROP_SCHEMA``."""
     return {
-        "id": doc.id,
-        "source": doc.source,
-        "domain": doc.domain,
+        "id": id_,
+        "source": source,
+        "domain": domain,
         "step": step,
         "reason": reason,
         "cluster_id": cluster,
         "kept": kept,
     }
+
+
+def read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:
+    """``pq.read_table`` without its dataset layer: that one imports ``pyarrow.dataset``
+    and pandas, half a second, to read a single file."""
+    return pq.ParquetFile(path).read(columns=columns)
 
 
 def _batches(path: Path) -> Iterator[pa.Table]:
@@ -302,7 +315,7 @@ def _write(
     """Column by column: the kept rows of each batch are taken from the cleaned table
     as Arrow arrays (no Python object per document), in batch order, one row group per
     batch and split as before."""
-    decisions = pq.ParquetFile(work / f"decisions-{index}.parquet").read()
+    decisions = read_parquet(work / f"decisions-{index}.parquet")
     status_all = np.asarray(decisions.column("status").to_pylist(), dtype=object)
     split_all = np.asarray(decisions.column("split").to_pylist(), dtype=object)
     cluster_col = decisions.column("cluster_id")
@@ -349,15 +362,7 @@ def _write(
                     else:
                         step, reason, keeper = "contamination", f"{n}-gram overlap", None
                     drops.append(
-                        {
-                            "id": ids[k],
-                            "source": sources[k],
-                            "domain": domains[k],
-                            "step": step,
-                            "reason": reason,
-                            "cluster_id": clusters[k],
-                            "kept": keeper,
-                        }
+                        _drop_row(ids[k], sources[k], domains[k], step, reason, clusters[k], keeper)
                     )
             row += m
             keep = ~dropped
@@ -402,7 +407,6 @@ def _write(
             }
         )
     return {
-        "splits": sorted(writers),
         "files": files,
         "by_split_domain": [(s, d, counts[(s, d)], chars[(s, d)]) for s, d in sorted(counts)],
         "contaminated_docs": contaminated,

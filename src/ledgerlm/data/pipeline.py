@@ -44,6 +44,7 @@ from ledgerlm.data.passes import (
     SPLITS,
     cached,
     clean_pass,
+    read_parquet,
     read_pass,
     shingle_file,
     split_of,
@@ -280,12 +281,6 @@ def _fixed_sets(cfg: DataConfig, base: Path, out: Path, progress: Progress) -> l
             raise DataError(str(err)) from None
         task.advance(1)
     return fixed
-
-
-def read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:
-    """``pq.read_table`` without its dataset layer: that one imports ``pyarrow.dataset``
-    and pandas, half a second, to read a single file."""
-    return pq.ParquetFile(path).read(columns=columns)
 
 
 def _duplicate_ids(shards: list[Shard], work: Path) -> int:

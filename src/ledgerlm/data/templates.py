@@ -56,11 +56,6 @@ def qualifying_lines(text: str, min_line_chars: int) -> set[str]:
     return {s for s in map(str.strip, text.split("\n")) if len(s) >= min_line_chars}
 
 
-def document_keys(text: str, min_line_chars: int) -> set[int]:
-    """The distinct qualifying line keys of a text: a line counts once per document."""
-    return {line_key(s) for s in qualifying_lines(text, min_line_chars)}
-
-
 def _merge_sorted(
     keys_a: np.ndarray, counts_a: np.ndarray, keys_b: np.ndarray, counts_b: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:

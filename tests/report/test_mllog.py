@@ -19,9 +19,10 @@ from typer.testing import CliRunner
 from cli_runner import TINY, ledgerlm
 from ledgerlm.cli import ledger_cmd
 from ledgerlm.config import load_recipe
+from ledgerlm.extras import MissingExtraError
 from ledgerlm.ledger import Ledger
 from ledgerlm.ledger.clock import PhaseClock
-from ledgerlm.report.mllog import RULES, MLLogUnavailable, check_mllog, export_mllog
+from ledgerlm.report.mllog import RULES, check_mllog, export_mllog
 
 TOKEN = ":::MLLOG "
 
@@ -305,7 +306,9 @@ def test_without_mlperf_logging_the_error_names_the_package(tmp_path, monkeypatc
     run = synthetic_run(tmp_path, [6.0], target=4.0)
     summary = summary_of(tmp_path, run)
     monkeypatch.setitem(sys.modules, "mlperf_logging", None)  # import raises ImportError
-    with pytest.raises(MLLogUnavailable, match="pip install mlperf-logging"):
+    with pytest.raises(
+        MissingExtraError, match=r"mlperf-logging package: pip install 'ledgerlm\[mllog\]'"
+    ):
         export_mllog(summary, tmp_path / "log.txt")
     assert not (tmp_path / "log.txt").exists()
 
@@ -325,7 +328,8 @@ def test_the_cli_says_which_package_is_missing(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "mlperf_logging", None)
     result = CliRunner().invoke(ledger_cmd.app, ["export-mllog", "-w", str(tmp_path)])
     assert result.exit_code == 2
-    assert "pip install mlperf-logging" in result.stderr
+    assert "pip install 'ledgerlm[mllog]'" in result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
 
 
 def test_the_cli_names_a_run_it_cannot_find(mlperf, tmp_path):

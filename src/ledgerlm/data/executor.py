@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
+from ledgerlm.extras import require
+
 EXECUTORS = ("local", "ray")
 # What a fresh worker needs; the fork server imports it once and every worker it forks
 # starts with it loaded. ``__main__`` too: a worker otherwise runs the parent's main
@@ -174,12 +176,7 @@ def _stop_fork_server() -> None:
 
 
 def _map_ray(fn, jobs, workers, on_done) -> list[Any]:
-    try:
-        import ray
-    except ImportError as err:  # pragma: no cover - depends on the install
-        raise ValueError(
-            "executor 'ray' needs the ray package: pip install 'ledgerlm[ray]'"
-        ) from err
+    ray = require("ray", "executor 'ray'")
     if not ray.is_initialized():
         ray.init(
             num_cpus=workers,

@@ -59,6 +59,7 @@ from ledgerlm.data.readers import (
     split_shards,
 )
 from ledgerlm.data.templates import shard_template_lines
+from ledgerlm.extras import check
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.workspace import (
     BUILD_INFO,
@@ -97,6 +98,8 @@ def check_inputs(cfg: DataConfig, base: Path | None = None) -> list[Shard]:
     naming the input. ``prepare_data`` makes the same check first.
     """
     base = base or Path.cwd()
+    if cfg.executor == "ray":
+        check("ray", "executor 'ray'")
     shards = _shards(cfg, base)
     for name in cfg.contamination.eval_files:
         _shards(cfg.model_copy(update={"sources": [InputConfig(path=name)]}), base)

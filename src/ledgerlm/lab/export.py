@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ledgerlm.config import Recipe, load_recipe
+from ledgerlm.extras import check
 from ledgerlm.ledger.store import Ledger
 from ledgerlm.model.export import ExportError, check_target, export_hf
 from ledgerlm.model.gpt import GPT
@@ -63,6 +64,7 @@ def load_run_model(
 
 def export_run(workspace: Workspace, run_ref: str, out_dir: Path, *, force: bool = False) -> Path:
     """Rebuild a run's model from its stored recipe and checkpoint, then ``export_hf`` it."""
+    check("transformers", "ledgerlm export hf")  # before the run is read or anything written
     loaded = load_run_model(
         workspace, run_ref, before_load=lambda: check_target(Path(out_dir), force)
     )

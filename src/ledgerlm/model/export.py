@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from ledgerlm.extras import require
 from ledgerlm.model.gpt import GPT, ffn_hidden
 
 WEIGHTS = "model.safetensors"
@@ -58,7 +59,7 @@ def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
 
 def llama_config(model: GPT, special: dict[str, int] | None, max_positions: int):
     """The ``LlamaConfig`` equivalent of ``model`` for the installed transformers."""
-    from transformers import LlamaConfig  # imported late: only exports pay for it
+    LlamaConfig = require("transformers", "the Hugging Face export").LlamaConfig
 
     cfg = model.cfg
     theta = float(cfg.rope_theta)

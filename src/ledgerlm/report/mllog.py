@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ledgerlm.config import PackConfig, TrainConfig
-from ledgerlm.ledger.store import LedgerError
+from ledgerlm.extras import require
 
 RULES = Path(__file__).with_name("mlperf_rules") / "ledgerlm.yaml"
 INIT_KINDS = ("prep", "tokenize")
@@ -54,19 +54,10 @@ DIVISION = "open"  # recipes are free to change any hyperparameter
 STATUS = "research"
 TARGET_KEY = "eval_accuracy_target"  # not an MLPerf constant: our target lives in the recipe
 _SRC_ROOT = Path(__file__).parents[2]  # trimmed from the caller "file" in each line
-_INSTALL_HINT = "the MLLOG export needs the mlperf-logging package: pip install mlperf-logging"
-
-
-class MLLogUnavailable(LedgerError):
-    """``mlperf_logging`` is not installed."""
 
 
 def _mllog():
-    try:
-        from mlperf_logging import mllog
-    except ImportError:
-        raise MLLogUnavailable(_INSTALL_HINT) from None
-    return mllog
+    return require("mlperf_logging.mllog", "the MLLOG export")
 
 
 @dataclass(frozen=True)
@@ -307,10 +298,8 @@ def check_mllog(path: str | Path, rules: str | Path = RULES, *, werror: bool = T
     ``werror`` makes a repeated EXACTLY_ONE key with equal values a failure, as
     ``--werror`` does on the checker's command line.
     """
-    try:
-        from mlperf_logging.compliance_checker import mlp_compliance, mlp_parser
-    except ImportError:
-        raise MLLogUnavailable(_INSTALL_HINT) from None
+    mlp_compliance = require("mlperf_logging.compliance_checker.mlp_compliance", "the MLLOG check")
+    mlp_parser = require("mlperf_logging.compliance_checker.mlp_parser", "the MLLOG check")
     ruleset = mlp_compliance.get_parser().get_default("ruleset")  # only picks the parser
     checker = mlp_compliance.make_checker("training", ruleset, False, werror)
     lines, errors = mlp_parser.parse_file(str(path), ruleset=ruleset)

@@ -1,8 +1,9 @@
-"""Terminal helpers shared by the commands: progress bars, errors, tables."""
+"""Terminal helpers shared by the commands: progress bars, errors, tables, help text."""
 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sqlite3
 import sys
@@ -22,6 +23,7 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.text import Text
 
 from ledgerlm.ledger.store import LedgerError
 from ledgerlm.workspace import DEFAULT_WORKSPACE
@@ -48,14 +50,45 @@ def _reflow(paragraphs: list[str], markup_mode: Any = None) -> str:
     return "\n\n".join(out)
 
 
-def _reflow_help() -> None:
-    import typer.rich_utils
+def _literal_help(*, text: str, style: str = "", markup_mode: Any = "rich") -> Any:
+    """Help text as typer's rich mode styles it, but never read as markup: a recipe's
+    ``[data]`` section or ``ledgerlm[mlflow]`` stays on screen. A paragraph's \\b marker
+    is dropped (its line breaks are kept by ``_reflow``)."""
+    import typer.rich_utils as rich_utils
 
-    if hasattr(typer.rich_utils, "_fix_linebreaks"):
-        typer.rich_utils._fix_linebreaks = _reflow
+    if markup_mode != "rich":
+        return _TYPER_RICH_TEXT(text=text, style=style, markup_mode=markup_mode)
+    text = inspect.cleandoc(text).replace("\b\n", "").replace("\b", "")
+    return rich_utils.highlighter(Text(text, style=style))
 
 
-_reflow_help()
+def _command_help(*, help_text: str, markup_mode: Any) -> Any:
+    """A command's line in its group's list, its first paragraph reflowed like the
+    command's own help (typer's rich mode keeps the docstring's line breaks there)."""
+    paragraphs = inspect.cleandoc(help_text).split("\n\n")
+    return _TYPER_COMMAND_HELP(help_text=_reflow(paragraphs), markup_mode=markup_mode)
+
+
+def _plain_help() -> None:
+    """Every help text literal and reflowed: typer's rich rendering, patched where it
+    reads markup and where it keeps hard line breaks (each patch only when this typer
+    has the function)."""
+    import typer.rich_utils as rich_utils
+
+    global _TYPER_RICH_TEXT, _TYPER_COMMAND_HELP
+    if hasattr(rich_utils, "_fix_linebreaks"):
+        rich_utils._fix_linebreaks = _reflow
+    if _TYPER_RICH_TEXT is None and hasattr(rich_utils, "_make_rich_text"):
+        _TYPER_RICH_TEXT = rich_utils._make_rich_text
+        rich_utils._make_rich_text = _literal_help
+    if _TYPER_COMMAND_HELP is None and hasattr(rich_utils, "_make_command_help"):
+        _TYPER_COMMAND_HELP = rich_utils._make_command_help
+        rich_utils._make_command_help = _command_help
+
+
+_TYPER_RICH_TEXT: Any = None
+_TYPER_COMMAND_HELP: Any = None
+_plain_help()
 
 console = Console()
 err_console = Console(stderr=True)

@@ -1,3 +1,4 @@
+import json
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from ledgerlm.config import (
     load_recipe,
     recipe_from_dict,
     recipe_to_toml,
+    settings_in_effect,
 )
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.toml"))
@@ -91,3 +93,71 @@ def test_digest_depends_on_named_sections_only():
     b = Recipe.model_validate({"train": {"lr": 1e-4}})
     assert a.digest("data", "tokenizer") == b.digest("data", "tokenizer")
     assert a.digest() != b.digest()
+
+
+@pytest.mark.parametrize("split", ['"paragraphs"', "5"])
+def test_a_wrong_text_split_lists_every_form(tmp_path, split):
+    p = _write(tmp_path, f'[data]\nsources = [{{path = "a.txt", split = {split}}}]\n')
+    with pytest.raises(RecipeError) as err:
+        load_recipe(p)
+    assert str(err.value).startswith(f"{p}: data.sources.0.split: expected ")
+    assert '"file", "blank_lines", "lines" or {chunk_chars = N}' in str(err.value)
+
+
+TINY = Path(__file__).parents[1] / "configs" / "tiny.toml"
+OWN_TEXT = 'data.sources=["corpus.jsonl"]'
+
+
+def test_settings_nothing_reads_are_named_with_their_reason():
+    assert "eval.target_loss" not in load_recipe(TINY).unused_settings()
+    assert "data.builtin" not in load_recipe(TINY).unused_settings()  # the default source
+    unused = load_recipe(TINY, [OWN_TEXT, "eval.target_bpb=2.2"]).unused_settings()
+    assert unused["eval.target_loss"] == "target_bpb is set"
+    assert unused["data.builtin"] == "no source is builtin"
+    for builtin in (
+        'eval.sources=["builtin:stdlib"]',
+        'data.contamination.eval_files=["builtin:stdlib"]',
+    ):
+        assert "data.builtin" not in load_recipe(TINY, [OWN_TEXT, builtin]).unused_settings()
+    muon = load_recipe(TINY, ["train.optimizer=muon", "train.schedule=wsd"]).unused_settings()
+    assert "train.muon_lr" not in muon and "train.decay_fraction" not in muon
+    assert load_recipe(TINY).unused_settings()["train.muon_lr"] == "optimizer is adamw"
+    tokens = load_recipe(TINY, ["train.schedule_unit=tokens", "train.schedule_tokens=1000"])
+    assert tokens.unused_settings()["train.warmup_steps"] == "schedule_unit is tokens"
+    assert "train.warmup_tokens" not in tokens.unused_settings()
+
+
+def test_the_resolved_toml_marks_what_nothing_reads_and_still_loads(tmp_path):
+    recipe = load_recipe(TINY, [OWN_TEXT, "eval.target_bpb=2.2"])
+    text = recipe_to_toml(recipe)
+    lines = text.splitlines()
+    assert "target_loss = 4.8  # unused: target_bpb is set" in lines
+    assert "[data.builtin]  # unused: no source is builtin" in lines
+    assert "target_bpb = 2.2" in lines  # in effect: no mark
+    again = tmp_path / "resolved.toml"
+    again.write_text(text)
+    assert load_recipe(again) == recipe
+
+
+def test_settings_in_effect_drop_what_nothing_reads():
+    recipe = load_recipe(TINY, [OWN_TEXT, "eval.target_bpb=2.2"])
+    tree = settings_in_effect(recipe.to_dict())
+    assert "builtin" not in tree["data"] and "target_loss" not in tree["eval"]
+    assert tree["eval"]["target_bpb"] == 2.2 and tree["data"]["sources"] == ["corpus.jsonl"]
+    assert "builtin" in recipe.to_dict()["data"]  # the recipe itself is left as it was
+    stored = {"name": "old", "train": {"a_setting_since_removed": 1}}
+    assert settings_in_effect(stored) == stored  # a stored tree that no longer validates
+
+
+def test_config_show_json_has_the_unused_table():
+    from typer.testing import CliRunner
+
+    from ledgerlm.cli.main import app
+
+    sets = ["--set", OWN_TEXT, "--set", "eval.target_bpb=2.2"]
+    shown = CliRunner().invoke(app, ["config", "show", str(TINY), *sets, "--json"])
+    assert shown.exit_code == 0, shown.output
+    out = json.loads(shown.output)
+    assert out["unused"]["eval.target_loss"] == "target_bpb is set"
+    assert out["unused"]["data.builtin"] == "no source is builtin"
+    assert out["eval"]["target_loss"] == 4.8  # every value is still shown

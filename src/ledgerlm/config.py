@@ -24,6 +24,7 @@ from pydantic import (
     Field,
     Tag,
     ValidationError,
+    WrapValidator,
     field_validator,
     model_serializer,
     model_validator,
@@ -93,9 +94,22 @@ class ChunkSplit(_Section):
     chunk_chars: int = Field(ge=100, description="Characters per document (cut at a line end).")
 
 
+SPLIT_FORMS = '"file", "blank_lines", "lines" or {chunk_chars = N}'
+
+
+def _split_rule(value: Any, handler: Any) -> Any:
+    """A text split named by a string, or an error that lists every form a split takes."""
+    try:
+        return handler(value)
+    except ValidationError:
+        raise PydanticCustomError(
+            "split", "expected {forms}, got {got}", {"forms": SPLIT_FORMS, "got": shown(value)}
+        ) from None
+
+
 TextSplit = Annotated[
     Union[  # noqa: UP007
-        Annotated[Literal["file", "blank_lines", "lines"], Tag("rule")],
+        Annotated[Literal["file", "blank_lines", "lines"], WrapValidator(_split_rule), Tag("rule")],
         Annotated[ChunkSplit, Tag("chunk")],
     ],
     Discriminator(
@@ -103,7 +117,7 @@ TextSplit = Annotated[
             "rule" if isinstance(v, str) else "chunk" if isinstance(v, dict | ChunkSplit) else None
         ),
         custom_error_type="split",
-        custom_error_message='expected "file", "blank_lines", "lines" or {chunk_chars = N}',
+        custom_error_message=f"expected {SPLIT_FORMS}",
     ),
 ]
 
@@ -152,6 +166,10 @@ class InputConfig(_Section):
         if isinstance(self.split, ChunkSplit):
             return f"chunk:{self.split.chunk_chars}"
         return self.split
+
+    def is_builtin(self) -> bool:
+        """Whether this input is the built-in corpus (``builtin:stdlib``)."""
+        return self.format == "builtin" or self.path.startswith("builtin:")
 
 
 # The union member of a source is picked by the input's shape, so a table's error names
@@ -742,6 +760,30 @@ class Recipe(_Section):
             update={"val_sources": self.eval.sources, "test_sources": self.eval.test_sources}
         )
 
+    def unused_settings(self) -> dict[str, str]:
+        """The settings nothing reads in this recipe, by dotted key (a section's key for
+        the whole section), each with the reason: another setting overrides it, or it
+        belongs to a choice the recipe did not make. ``config show`` marks them, and a
+        run's sinks are sent only the settings in effect (``settings_in_effect``)."""
+        t = self.train
+        inputs = [
+            *self.data.inputs(),
+            *_as_inputs([*self.eval.sources, *self.eval.test_sources]),
+            *_as_inputs(self.data.contamination.eval_files),
+        ]
+        rules = {
+            "eval.target_loss": (self.eval.target_bpb is not None, "target_bpb is set"),
+            "data.builtin": (not any(i.is_builtin() for i in inputs), "no source is builtin"),
+            "train.muon_lr": (t.optimizer != "muon", f"optimizer is {t.optimizer}"),
+            "train.decay_fraction": (t.schedule != "wsd", f"schedule is {t.schedule}"),
+            "train.min_lr_ratio": (t.schedule == "constant", "schedule is constant"),
+            "train.warmup_steps": (t.schedule_unit == "tokens", "schedule_unit is tokens"),
+            "train.warmup_tokens": (t.schedule_unit == "steps", "schedule_unit is steps"),
+            "train.schedule_tokens": (t.schedule_unit == "steps", "schedule_unit is steps"),
+            "train.empty_rows": (t.objective == "token_mean", "objective is token_mean"),
+        }
+        return {key: reason for key, (unused, reason) in rules.items() if unused}
+
     def digest(self, *sections: str) -> str:
         """A stable hash of the named sections (all but ``[log]`` when none are named:
         where the series are also sent changes nothing a checkpoint depends on)."""
@@ -856,8 +898,33 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     return recipe_from_dict(tree, origin)
 
 
+def settings_in_effect(tree: dict[str, Any]) -> dict[str, Any]:
+    """A recipe tree (``Recipe.to_dict``, or the one a run stored) without the settings
+    ``Recipe.unused_settings`` names: what a run's sinks are sent. A stored tree that no
+    longer validates is returned whole."""
+    try:
+        unused = recipe_from_dict(tree).unused_settings()
+    except RecipeError:
+        return tree
+    out = json.loads(json.dumps(tree))
+    for key in unused:
+        *sections, last = key.split(".")
+        node = out
+        for part in sections:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return out
+
+
 def recipe_to_toml(recipe: Recipe) -> str:
-    """Render a resolved recipe as TOML (sections of scalars and arrays only)."""
+    """Render a resolved recipe as TOML (sections of scalars and arrays only), a setting
+    nothing reads marked with a comment (``target_loss = 4.0  # unused: target_bpb is
+    set``, from ``Recipe.unused_settings``)."""
+    unused = recipe.unused_settings()
+
+    def note(key: str) -> str:
+        return f"  # unused: {unused[key]}" if key in unused else ""
 
     def scalar(v: Any) -> str:
         if isinstance(v, bool):
@@ -878,8 +945,9 @@ def recipe_to_toml(recipe: Recipe) -> str:
         flat = {k: v for k, v in node.items() if not isinstance(v, dict) and v is not None}
         nested = {k: v for k, v in node.items() if isinstance(v, dict)}
         if prefix:
-            lines.append(f"\n[{prefix}]")
-        lines.extend(f"{k} = {scalar(v)}" for k, v in flat.items())
+            lines.append(f"\n[{prefix}]{note(prefix)}")
+        dotted = f"{prefix}." if prefix else ""
+        lines.extend(f"{k} = {scalar(v)}{note(dotted + k)}" for k, v in flat.items())
         for k, v in nested.items():
             section(f"{prefix}.{k}" if prefix else k, v)
 

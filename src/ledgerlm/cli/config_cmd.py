@@ -20,10 +20,12 @@ def show(
     set_: SetOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Print the fully resolved recipe: every default filled in, overrides applied."""
+    """Print the fully resolved recipe: every default filled in, overrides applied, and
+    each setting nothing reads marked with the reason (# unused: target_bpb is set); with
+    --json the recipe's sections and an "unused" table of dotted key -> reason."""
     resolved = load_recipe(recipe, set_)
     if as_json:
-        console.print_json(json.dumps(resolved.to_dict()))
+        console.print_json(json.dumps({**resolved.to_dict(), "unused": resolved.unused_settings()}))
     else:
         from ledgerlm.config import recipe_to_toml
 

@@ -155,7 +155,7 @@ def expand_inputs(
 
 
 def _expand_one(inp: InputConfig, base: Path, per_shard: int) -> Iterator[Shard]:
-    if inp.format == "builtin" or inp.path.startswith("builtin:"):
+    if inp.is_builtin():
         yield _builtin_shard(inp)
         return
     source = inp.source if inp.source is not None else inp.path

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
-from ledgerlm.config import LogConfig, Recipe
+from ledgerlm.config import LogConfig, Recipe, settings_in_effect
 from ledgerlm.ledger.store import Ledger
 from ledgerlm.report.sinks import (
     MLflowSink,
@@ -67,14 +67,14 @@ def open_sinks(recorder: LedgerRecorder, recipe: Recipe, run_dir: Path) -> None:
     folder = log_dir(log, run_dir, recorder.run_id)
     for kind in dict.fromkeys(log.sinks):
         recorder.sinks.open(kind, opener(kind, recorder.run_id, log, folder, live=True))
-    recorder.sinks.log_params(recipe.to_dict())
+    recorder.sinks.log_params(settings_in_effect(recipe.to_dict()))
 
 
 def replay(ledger: Ledger, run_id: str, sink: Sink) -> dict[str, int]:
     """Send ``sink`` the run's recipe, then its updates and evaluations in step order (an
     evaluation after the update it follows); the counts sent."""
     summary = ledger.run_summary(run_id)
-    sink.log_params(summary["run"]["recipe"])
+    sink.log_params(settings_in_effect(summary["run"]["recipe"]))
     rows, evaluations = ledger.steps(run_id), summary["evaluations"]
     order = sorted(
         [(r["step"], 0, i) for i, r in enumerate(rows)]

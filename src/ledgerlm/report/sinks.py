@@ -17,8 +17,8 @@ Names are the same in every sink, with the optimizer step as x:
   MLflow's file store keeps a metric as a file named by its path, so ``val/loss`` could
   not also be a folder. A metric that failed to compute (null in the ledger) is left
   out;
-- the recipe as parameters: dotted keys (``train.lr``) for MLflow and in a TensorBoard
-  text panel, the nested tree as W&B's config.
+- the recipe's settings in effect as parameters: dotted keys (``train.lr``) for MLflow
+  and in a TensorBoard text panel, the nested tree as W&B's config.
 
 Each library is imported when its sink is opened, so none is needed to train; a missing
 one names the extra that installs it. ``SinkSet`` keeps training independent of the
@@ -50,7 +50,8 @@ class Sink(Protocol):
     where: str
 
     def log_params(self, params: dict[str, Any]) -> None:
-        """The resolved recipe (``Recipe.to_dict``, as the ledger stores it)."""
+        """The resolved recipe as the ledger stores it (``Recipe.to_dict``), less the
+        settings nothing reads (``config.settings_in_effect``)."""
 
     def log_step(self, row: dict[str, Any]) -> None:
         """One per-update row as the ledger holds it (``Ledger.steps``)."""

@@ -7,6 +7,7 @@ default. A run stores the fully resolved recipe (``Recipe.model_dump``).
 
 from __future__ import annotations
 
+import datetime as dt
 import difflib
 import hashlib
 import itertools
@@ -122,7 +123,7 @@ TextSplit = Annotated[
 ]
 
 
-_READ_OPTIONS = ("text_field", "id_field", "domain_field", "split")
+_READ_OPTIONS = ("text_field", "id_field", "domain_field", "date_field", "split")
 
 
 class InputConfig(_Section):
@@ -144,6 +145,12 @@ class InputConfig(_Section):
     id_field: str = Field("id", min_length=1, description="JSONL/Parquet field of the id.")
     domain_field: str = Field(
         "domain", min_length=1, description="JSONL/Parquet field of the domain."
+    )
+    date_field: str = Field(
+        "date",
+        min_length=1,
+        description="JSONL/Parquet field of the date (ISO date or datetime, or Unix seconds; "
+        'read strictly under data.split = "time").',
     )
     split: TextSplit = Field(
         "file",
@@ -375,6 +382,35 @@ class MixtureConfig(_Section):
         return {d for t in tables if isinstance(t, dict) for d in t}
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_TIME_FORMS = '"2024-01-01", "2024-01-01T12:30:00Z" or Unix seconds'
+
+
+def parse_time(value: Any) -> int:
+    """Microseconds since 1970-01-01 UTC of a date: an ISO 8601 date or datetime (a
+    string, or a ``date``/``datetime`` as Parquet and TOML give them) or Unix seconds (a
+    number). A date or datetime without a zone is UTC. The one rule of ``data.split_time``
+    and of the records' dates; raises ``ValueError`` saying what ``value`` is not."""
+    if isinstance(value, bool) or value is None:
+        raise ValueError(f"{value!r} is not a date ({_TIME_FORMS})")
+    try:
+        if isinstance(value, int | float):
+            moment = dt.datetime.fromtimestamp(value, dt.UTC)
+        elif isinstance(value, dt.datetime):
+            moment = value
+        elif isinstance(value, dt.date):
+            moment = dt.datetime(value.year, value.month, value.day)
+        elif isinstance(value, str):
+            moment = dt.datetime.fromisoformat(value)
+        else:
+            raise ValueError
+    except (ValueError, OverflowError, OSError):
+        raise ValueError(f"{shown(str(value))} is not a date ({_TIME_FORMS})") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return (moment - _EPOCH) // dt.timedelta(microseconds=1)
+
+
 class DataConfig(_Section):
     """The data stage: read, clean, deduplicate and split into a versioned dataset."""
 
@@ -389,8 +425,15 @@ class DataConfig(_Section):
         "rebalance",
         description="rebalance: each kept document weighs 1; preserve: its cluster size.",
     )
-    split: Literal["cluster", "source", "document"] = Field(
-        "cluster", description="Unit of the train/val/test split; a cluster is never cut."
+    split: Literal["cluster", "source", "document", "time"] = Field(
+        "cluster",
+        description="Unit of the train/val/test split (a cluster is never cut); time: by "
+        "date, documents dated on or after split_time held out.",
+    )
+    split_time: str | None = Field(
+        None,
+        description='data.split = "time": the cut, an ISO date or datetime (UTC unless it '
+        "names a zone); a near-duplicate cluster goes with its earliest dated member.",
     )
     val_fraction: float = Field(
         0.05, gt=0.0, lt=1.0, description="Share of units held out for validation (tuning)."
@@ -423,14 +466,49 @@ class DataConfig(_Section):
     def _without_fixed_sets(self, handler: Any) -> dict[str, Any]:
         # written out only when set, so a recipe without them keeps its data version id
         out = handler(self)
-        for key in ("val_sources", "test_sources"):
+        for key in ("val_sources", "test_sources", "split_time"):
             if not getattr(self, key):
                 out.pop(key, None)
         return out
 
+    @field_validator("split_time", mode="before")
+    @classmethod
+    def _split_time_is_a_date(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, dt.date):  # a TOML date or datetime: kept as its ISO text
+            value = value.isoformat()
+        forms = 'an ISO date or datetime, e.g. "2024-01-01" or "2024-01-01T12:30:00Z"'
+        if not isinstance(value, str):
+            raise ValueError(f"{value!r} is not {forms}")
+        try:
+            parse_time(value)
+        except ValueError:
+            raise ValueError(f"{shown(value)} is not {forms}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _time_split_has_its_cut(self) -> DataConfig:
+        if self.split == "time" and self.split_time is None:
+            raise ValueError(
+                'split = "time" needs split_time, the first date held out (e.g. '
+                'split_time = "2024-01-01")'
+            )
+        if self.split != "time" and self.split_time is not None:
+            raise ValueError(
+                f'split_time is set but split = "{self.split}": set split = "time" to split '
+                "by date, or remove split_time"
+            )
+        return self
+
+    def split_cut(self) -> int | None:
+        """``split_time`` in microseconds since 1970-01-01 UTC (``parse_time``), or None."""
+        return None if self.split_time is None else parse_time(self.split_time)
+
     @model_validator(mode="after")
     def _held_out_leaves_train(self) -> DataConfig:
-        if self.val_fraction + self.test_fraction >= 1.0:
+        # (a time split holds out what its cut says; the fractions only share it out)
+        if self.val_fraction + self.test_fraction >= 1.0 and self.split != "time":
             raise ValueError(
                 f"val_fraction + test_fraction must be < 1 (got {self.val_fraction} + "
                 f"{self.test_fraction} = {self.val_fraction + self.test_fraction:g}): "

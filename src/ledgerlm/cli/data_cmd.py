@@ -143,6 +143,10 @@ def inspect(
         )
     for split, fixed in manifest["split"].get("fixed", {}).items():
         console.print(escape(f"{split}: fixed by {fixed['key']} ({', '.join(fixed['sources'])})"))
+    from ledgerlm.data.time_split import inspect_lines
+
+    for line in inspect_lines(manifest):
+        console.print(escape(line))
     for row in c["by_split_domain"]:
         console.print(
             escape(

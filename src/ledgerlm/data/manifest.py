@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from ledgerlm.config import DataConfig
+from ledgerlm.data import time_split
 from ledgerlm.data.filters import build_filters
 from ledgerlm.data.held_out import KEYS, FixedSplit
 from ledgerlm.data.passes import SPLITS
@@ -42,6 +43,14 @@ def _drops(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
                 bucket.append({k: v for k, v in row.items() if v is not None})
     dropped = [{"step": s, "reason": r, "documents": n} for (s, r), n in sorted(counts.items())]
     return dropped, [x for key in sorted(samples) for x in samples[key]]
+
+
+def _time(decided: dict[str, Any], written: list[dict[str, Any]]) -> dict[str, Any]:
+    """A time split's cut and its kept undated documents per split (none otherwise)."""
+    if "time" not in decided:
+        return {}
+    undated = {s: sum(w["undated"][s] for w in written) for s in SPLITS}
+    return {"time": {**decided["time"], "undated": undated}}
 
 
 def build_manifest(
@@ -136,9 +145,11 @@ def build_manifest(
             "top": decided["top_clusters"],
         },
         "split": {
-            "method": f"per {cfg.split}: hash of its key, u in [0, 1); val if u < val_fraction, "
+            "method": time_split.METHOD
+            if cfg.split == "time"
+            else f"per {cfg.split}: hash of its key, u in [0, 1); val if u < val_fraction, "
             "test if u < val_fraction + test_fraction, else train",
-            "unit": cfg.split,
+            "unit": "cluster" if cfg.split == "time" else cfg.split,
             "splits": list(SPLITS),
             "val_fraction": val_fraction,
             "test_fraction": test_fraction,
@@ -147,6 +158,7 @@ def build_manifest(
                 f.split: {"key": KEYS[f.split], "sources": [i.path for i in held[f.split]]}
                 for f in fixed
             },
+            **_time(decided, written),
         },
         "weights": {
             "mode": cfg.weights,

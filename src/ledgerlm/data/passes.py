@@ -40,6 +40,7 @@ from ledgerlm.data.readers import Quarantined, Shard, quarantine_table, read_sha
 from ledgerlm.data.records import DOCUMENT_SCHEMA, Document, documents_to_table, table_to_documents
 from ledgerlm.data.steps import GroupStats, apply_filters_batch
 from ledgerlm.data.templates import LineCounter, TemplateRemover
+from ledgerlm.data.time_split import UNDATED, document_times, val_share
 from ledgerlm.workspace import file_sha256
 
 DROP_SCHEMA = pa.schema(
@@ -56,6 +57,8 @@ DROP_SCHEMA = pa.schema(
 # the exact-dedup digest, the length, and the split drawn from the document's own id
 # (index into SPLITS; the driver gives a cluster its keeper's)
 CLEAN_EXTRA = [("digest", pa.binary(16)), ("chars", pa.int64()), ("split", pa.int8())]
+# under data.split = "time": the date, microseconds since 1970 UTC (``time_split.UNDATED``)
+TIME_COLUMN = ("time", pa.int64())
 OUTPUT_EXTRA = [("weight", pa.float64()), ("cluster_id", pa.string()), ("cluster_size", pa.int64())]
 OUTPUT_SCHEMA = pa.schema([*DOCUMENT_SCHEMA, *(pa.field(n, t) for n, t in OUTPUT_EXTRA)])
 BATCH = 2_000
@@ -74,13 +77,23 @@ def split_of(unit: str, val_fraction: float, seed: int, test_fraction: float = 0
     depend on ``test_fraction``, so with ``test_fraction = 0`` every unit keeps the split
     it had before the test split existed, and raising it only moves train units to test.
     """
-    h = hashlib.blake2b(f"{seed}:{unit}".encode(), digest_size=8).digest()
-    u = int.from_bytes(h, "big") / 2**64
+    u = _draw(unit, seed)
     if u < val_fraction:
         return "val"
     if u < val_fraction + test_fraction:
         return "test"
     return "train"
+
+
+def held_split(unit: str, val_share: float, seed: int) -> str:
+    """Under a time split, the held-out split of a unit the cut holds out: val if its
+    draw (the one ``split_of`` makes) is below ``val_share``, else test."""
+    return "val" if _draw(unit, seed) < val_share else "test"
+
+
+def _draw(unit: str, seed: int) -> float:
+    h = hashlib.blake2b(f"{seed}:{unit}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") / 2**64
 
 
 def cached(
@@ -195,11 +208,16 @@ def _clean(index: int, cfg: DataConfig, templates: dict, work: Path) -> dict[str
     near = cfg.near_dedup.enabled
     params = params_from_config(cfg.near_dedup) if near else None
     val_fraction, test_fraction = cfg.drawn_fractions()
+    timed = cfg.split == "time"
+    share = val_share(cfg) if timed else 0.0
 
     def split_code(unit: str) -> int:
+        if timed:  # the side a held-out unit takes; the driver decides which are
+            return SPLITS.index(held_split(unit, share, cfg.split_seed))
         return SPLITS.index(split_of(unit, val_fraction, cfg.split_seed, test_fraction))
 
-    schema = pa.schema([*DOCUMENT_SCHEMA, *(pa.field(n, t) for n, t in CLEAN_EXTRA)])
+    extra = [*CLEAN_EXTRA, *([TIME_COLUMN] if timed else [])]
+    schema = pa.schema([*DOCUMENT_SCHEMA, *(pa.field(n, t) for n, t in extra)])
     writer = pq.ParquetWriter(work / f"clean-{index}.parquet", schema, **_WORK_FILE)
     drops: list[dict] = []
     keys: list[np.ndarray] = []
@@ -241,6 +259,9 @@ def _clean(index: int, cfg: DataConfig, templates: dict, work: Path) -> dict[str
                 .append_column("chars", pa.array([len(t) for t in texts], pa.int64()))
                 .append_column("split", pa.array([split_code(d.id) for d in survivors], pa.int8()))
             )
+            if timed:
+                times = document_times(d.date for d in survivors)
+                out = out.append_column("time", pa.array(times, pa.int64()))
             writer.write_table(out)
             kept += len(survivors)
             if batch is not None:
@@ -327,10 +348,12 @@ def _write(
     drops: list[dict] = []
     counts: Counter[tuple[str, str]] = Counter()
     chars: Counter[tuple[str, str]] = Counter()
+    undated: Counter[str] = Counter()  # a time split's kept documents without a date
     matched: list[np.ndarray] = []
     contaminated = 0
     row = 0
     doc_names = [f.name for f in DOCUMENT_SCHEMA]
+    timed = cfg.split == "time"
     try:
         for table in _batches(work / f"clean-{index}.parquet"):
             m = table.num_rows
@@ -368,10 +391,13 @@ def _write(
             keep = ~dropped
             domain = np.asarray(table.column("domain").to_pylist(), dtype=object)
             length = table.column("chars").to_numpy()
+            times = table.column("time").to_numpy() if timed else None
             for name in SPLITS:
                 at = np.flatnonzero(keep & (split == name))
                 if not at.size:
                     continue
+                if times is not None:
+                    undated[name] += int((times[at] == UNDATED).sum())
                 for d, c in zip(domain[at].tolist(), length[at].tolist(), strict=True):
                     counts[(name, d)] += 1
                     chars[(name, d)] += c
@@ -411,4 +437,5 @@ def _write(
         "by_split_domain": [(s, d, counts[(s, d)], chars[(s, d)]) for s, d in sorted(counts)],
         "contaminated_docs": contaminated,
         "matched_ngrams": hits,
+        **({"undated": {s: undated[s] for s in SPLITS}} if timed else {}),
     }

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ledgerlm.config import DataConfig, InputConfig
+from ledgerlm.data import time_split
 from ledgerlm.data.budget import Budget
 from ledgerlm.data.contamination import (
     EvalSet,
@@ -83,9 +84,9 @@ class DataError(ValueError):
     """Bad data-stage input; the message names the input and the reason."""
 
 
-def _shards(cfg: DataConfig, base: Path) -> list[Shard]:
+def _shards(cfg: DataConfig, base: Path, dated: bool = False) -> list[Shard]:
     try:
-        return expand_inputs(cfg.inputs(), base)
+        return expand_inputs(cfg.inputs(), base, dated=dated)
     except ReaderError as err:
         raise DataError(str(err)) from None
 
@@ -100,7 +101,14 @@ def check_inputs(cfg: DataConfig, base: Path | None = None) -> list[Shard]:
     base = base or Path.cwd()
     if cfg.executor == "ray":
         check("ray", "executor 'ray'")
-    shards = _shards(cfg, base)
+    if cfg.split == "time" and not sum(cfg.drawn_fractions()):
+        raise DataError(
+            'data.split = "time" has no split to hold out into: the val split is fixed by '
+            "[eval] sources and there is no test split drawn from the sources (set "
+            "data.test_fraction > 0, or leave [eval] sources unset)"
+        )
+    # a time split reads the training records' dates strictly
+    shards = _shards(cfg, base, dated=cfg.split == "time")
     for name in cfg.contamination.eval_files:
         _shards(cfg.model_copy(update={"sources": [InputConfig(path=name)]}), base)
     for inputs in cfg.held_out_inputs().values():
@@ -371,7 +379,8 @@ def _decide(cfg: DataConfig, shards: list[Shard], clean: list[dict], work: Path)
     counts = np.array([c["kept"] for c in clean], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(counts)])
     n = int(offsets[-1])
-    cols: dict[str, list] = {k: [] for k in ("id", "source", "date", "digest", "chars", "split")}
+    names = ["id", "source", "date", "digest", "chars", "split"]
+    cols: dict[str, list] = {k: [] for k in names + (["time"] if cfg.split == "time" else [])}
     for s in shards:
         t = read_parquet(work / f"clean-{s.index}.parquet", list(cols))
         for k in cols:
@@ -393,13 +402,22 @@ def _decide(cfg: DataConfig, shards: list[Shard], clean: list[dict], work: Path)
     status = np.where(keeper == doc, "kept", np.where(exact != doc, "exact_dedup", "near_dedup"))
     size = np.bincount(labels, minlength=n)[labels] if n else np.zeros(0, np.int64)
     cluster_id = ids[keeper] if n else ids
-    unit = {"cluster": cluster_id, "source": sources, "document": ids}[cfg.split]
+    unit = {"cluster": cluster_id, "source": sources, "document": ids, "time": cluster_id}[
+        cfg.split
+    ]
     val_fraction, test_fraction = cfg.drawn_fractions()
+    timed: dict[str, Any] = {}
     # the workers drew each document's split from its id (``split_code``); a cluster
     # takes its keeper's, and a source (a handful) is drawn here
     if cfg.split == "source":
         drawn = {u: split_of(u, val_fraction, cfg.split_seed, test_fraction) for u in set(unit)}
         split = np.array([drawn[u] for u in unit], dtype=object)
+    elif cfg.split == "time":  # held out by the cut, then val or test as the keeper drew
+        times = np.concatenate([c.to_numpy() for c in cols["time"]]) if n else np.zeros(0, int)
+        held = time_split.held_out(labels, times, cfg.split_cut())
+        code = np.where(held, own_split[keeper], 0)
+        split = np.array(SPLITS, dtype=object)[code] if n else np.zeros(0, object)
+        timed = {"time": time_split.summary(cfg, times, held, status == "kept")}
     else:
         code = own_split[keeper] if cfg.split == "cluster" else own_split
         split = np.array(SPLITS, dtype=object)[code] if n else np.zeros(0, object)
@@ -426,6 +444,7 @@ def _decide(cfg: DataConfig, shards: list[Shard], clean: list[dict], work: Path)
     multi = np.flatnonzero(kept & (size > 1))
     top = multi[np.lexsort((rank[multi], -size[multi]))][:10]
     return {
+        **timed,
         "documents": n,
         "exact": {
             "enabled": cfg.exact_dedup,
@@ -468,6 +487,20 @@ def _check_held_out(cfg: DataConfig, split: np.ndarray, unit: np.ndarray) -> Non
     val_fraction, test_fraction = cfg.drawn_fractions()
     wanted = [("val", "val_fraction", val_fraction), ("test", "test_fraction", test_fraction)]
     for name, key, fraction in [w for w in wanted if w[2] > 0]:
+        if len(split) and not (split == name).any() and cfg.split == "time":
+            held = len(set(unit[split != "train"].tolist()))
+            if not held:
+                raise DataError(
+                    f"the {name} split is empty: none of the {len(split)} kept document(s) "
+                    f"is dated on or after data.split_time = {cfg.split_time} (a cluster goes "
+                    "with its earliest dated member). Set an earlier split_time, or name the "
+                    "field of the records' dates with date_field on the source"
+                )
+            raise DataError(
+                f"the {name} split is empty: the {held} held-out cluster(s) after "
+                f"data.split_time = {cfg.split_time} all drew the other held-out split. Set "
+                f"an earlier split_time, or raise data.{key}"
+            )
         if len(split) and not (split == name).any():
             units = len(set(unit.tolist()))
             raise DataError(

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
-from ledgerlm.config import BuiltinCorpusConfig, InputConfig
+from ledgerlm.config import BuiltinCorpusConfig, InputConfig, parse_time
 from ledgerlm.data.builtin import read_builtin, stdlib_fingerprint
 from ledgerlm.data.executor import PIECE_BYTES as _PIECE_BYTES
 from ledgerlm.data.records import Document, ReadStats
@@ -87,6 +87,10 @@ class Shard:
     start: int = 0
     stop: int | None = None
     first: int = 1
+    date_field: str = "date"  # JSONL and Parquet
+    # under data.split = "time": a record's date must parse (``parse_time``) or the record
+    # is quarantined (``bad_date``); a Unix time becomes its ISO text
+    dated: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,14 +146,17 @@ def infer_format(name: str) -> str | None:
 
 
 def expand_inputs(
-    inputs: list[InputConfig], base: Path, text_files_per_shard: int = 1000
+    inputs: list[InputConfig], base: Path, text_files_per_shard: int = 1000, dated: bool = False
 ) -> list[Shard]:
-    """Inputs in recipe order, matches sorted, so shard indices are the same on every run."""
+    """Inputs in recipe order, matches sorted, so shard indices are the same on every run.
+
+    ``dated``: the records' dates are read strictly (``Shard.dated``)."""
     if text_files_per_shard < 1:
         raise ValueError("text_files_per_shard must be at least 1")
     shards: list[Shard] = []
     for inp in inputs:
         for shard in _expand_one(inp, Path(base), text_files_per_shard):
+            shard = dataclasses.replace(shard, date_field=inp.date_field, dated=dated)
             shards.append(dataclasses.replace(shard, index=len(shards)))
     return shards
 
@@ -793,10 +800,28 @@ def _date_field(value: Any) -> str | None:
     return _plain_field(value)
 
 
-def _meta(record: dict[str, Any], fields: tuple[str, ...] = DEFAULT_FIELDS) -> str | None:
-    """The record's other fields: all but the ones read (the mapped text, id and domain,
-    and source, lang, date), so a ``text`` field not chosen as the text is kept."""
-    read = {*fields, "source", "lang", "date"}
+def _strict_date(value: Any) -> str | None:
+    """A date that ``parse_time`` reads (ISO text as given; a Unix time as its ISO text
+    in UTC), None for none (missing, null or empty), or raises ``bad_date``."""
+    if value is None or value == "":
+        return None
+    try:
+        micros = parse_time(value)
+    except ValueError:
+        raise _BadField("bad_date") from None
+    if isinstance(value, int | float):
+        return (
+            dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=micros)
+        ).isoformat()
+    return value.isoformat() if isinstance(value, dt.date) else value
+
+
+def _meta(
+    record: dict[str, Any], fields: tuple[str, ...] = (*DEFAULT_FIELDS, "date")
+) -> str | None:
+    """The record's other fields: all but the ones read (the mapped text, id, domain and
+    date, and source, lang), so a ``text`` field not chosen as the text is kept."""
+    read = {*fields, "source", "lang"}
     rest = {k: v for k, v in record.items() if k not in read}
     if not rest:
         return None
@@ -825,8 +850,8 @@ def _to_document(record: dict[str, Any], shard: Shard, default_id: str) -> Docum
             source=_name_field(record.get("source")) or shard.source,
             domain=_name_field(record.get(domain_field)) or shard.domain or "default",
             lang=_plain_field(record.get("lang")),
-            date=_date_field(record.get("date")),
-            meta=_meta(record, shard.fields),
+            date=(_strict_date if shard.dated else _date_field)(record.get(shard.date_field)),
+            meta=_meta(record, (*shard.fields, shard.date_field)),
         )
     except _BadField as err:
         return str(err)
@@ -1001,6 +1026,8 @@ def shard_fingerprint(shard: Shard, builtin: BuiltinCorpusConfig) -> str:
     put("ledgerlm.readers", str(READER_FORMAT), shard.format, shard.source, domain)
     if shard.fields != DEFAULT_FIELDS or shard.split != "file":  # defaults keep old prints
         put("fields", *shard.fields, "split", shard.split)
+    if shard.date_field != "date" or shard.dated:
+        put("date", shard.date_field, "strict" if shard.dated else "as given")
     for name, path in _shard_files(shard):
         put(name, _file_digest(path))
     return h.hexdigest()

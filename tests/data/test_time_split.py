@@ -193,7 +193,7 @@ def test_data_inspect_says_where_the_cut_is_and_counts_the_undated(built):
     out = ledgerlm("data", "inspect", result.version, "-w", str(folder / "ws")).stdout
     assert f"split by time: held out on or after {CUT}" in out
     assert "undated: 6 (train)" in out
-    assert "1 kept document(s) dated on or after the cut are in train" in out
+    assert "  1 dated on or after it in train: with an earlier duplicate" in out
 
 
 def test_a_test_split_takes_its_share_of_the_held_out_clusters(built, tmp_path):

@@ -155,3 +155,61 @@ def test_bad_input_is_one_error_line_naming_the_file_and_line(tmp_path):
         assert proc.stdout == ""
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(start), proc.stderr
+
+
+def test_a_published_table_rounded_to_3_decimals_fits_and_says_what_it_renormalized(tmp_path):
+    # 256 runs x 17 domains as a paper prints them: Dirichlet weights rounded to 3
+    # decimals (row sums 0.997 to 1.003), a loss that falls with the share of three
+    # domains, plus noise.
+    k, n = 17, 256
+    domains = [f"domain {i}" for i in range(k)]
+    w = dirichlet_around(np.full(k, 1 / k), float(k), n, seed=5)
+    value = np.r_[6.0, 4.0, 3.0, np.zeros(k - 3)] + 1.0
+    loss = 3.0 - np.log(w @ value) + np.random.default_rng(1).normal(0, 0.005, n)
+    printed = [[f"{x:.3f}" for x in row] for row in w]
+    sums = np.array([sum(map(float, row)) for row in printed])
+    off = int(np.sum(np.abs(sums - 1) > 1.0005e-3))  # beyond 1e-3 with the float's slack
+    assert off > n // 10 and np.abs(sums - 1).max() < 17 * 0.0005  # what the table is
+    table = tmp_path / "published.csv"
+    write_csv(table, ["run", *domains, "loss"], [[f"r{i}", *printed[i], loss[i]] for i in range(n)])
+
+    # three rows that sum to 1.001 (within 3 x 0.0005), one that does not fit its rounding
+    small = tmp_path / "three.csv"
+    rows = [["0.334", "0.333", "0.334", "2.0"], ["0.2", "0.3", "0.5", "2.1"]]
+    write_csv(small, ["a", "b", "c", "loss"], [*rows, ["0.5", "0.25", "0.25", "1.9"]])
+    wrong = tmp_path / "wrong.csv"
+    far = [f"{x:.3f}" for x in w[0]]
+    far[0] = f"{float(far[0]) + 1.009 - sums[0]:.3f}"  # sums to 1.009; 17 x 0.0005 = 0.0085
+    write_csv(wrong, ["run", *domains, "loss"], [*[[f"r{i}", *printed[i], loss[i]]
+              for i in range(4)], ["far", *far, 2.0]])  # fmt: skip
+
+    fitted, three, refused = in_process(
+        ("--csv", str(table), "--target", "loss", "--candidates", "5000", "--json"),
+        ("--csv", str(small), "--target", "loss", "--json"),
+        ("--csv", str(wrong), "--target", "loss"),
+    )
+    assert fitted.returncode == 0, fitted.stderr
+    result = json.loads(fitted.stdout)
+    assert result["rows"] == n and result["domains"] == domains and result["model"] == "lightgbm"
+    assert result["cv"]["spearman"] > 0.95
+    assert math.fsum(result["recommended"].values()) == pytest.approx(1.0)
+    best = np.array(list(result["recommended"].values()))
+    assert best[0] > w[:, 0].mean()  # more of the domain that lowers the loss most
+    message = (
+        f"{table}: renormalized {off} of {n} rows whose weights sum to 1 only within their "
+        "3-decimal rounding (sums "
+    )
+    assert [m for m in result["warnings"] if "renormalized" in m] == [
+        message + f"{sums[np.abs(sums - 1) > 1.0005e-3].min():.6g} to "
+        f"{sums[np.abs(sums - 1) > 1.0005e-3].max():.6g})"
+    ]
+    assert " ".join(fitted.stderr.split()).count("warning: ") == 1
+
+    assert three.returncode == 0, three.stderr
+    assert json.loads(three.stdout)["rows"] == 3
+
+    assert refused.returncode == 2 and refused.stdout == ""
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1, refused.stderr
+    assert lines[0].startswith(f"error: {wrong}:6: the weights sum to ")
+    assert "(tolerance 0.0085 for 17 weights at 3 decimals;" in " ".join(refused.stderr.split())

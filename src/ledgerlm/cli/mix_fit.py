@@ -107,10 +107,11 @@ def fit(
     """Fit a regression from domain weights to a target column of a CSV table of runs.
 
     Every numeric column other than --target and --ignore is a domain weight (rows must
-    sum to 1 within 1e-3); non-numeric columns (run names) are labels. The regression is
-    LightGBM (boosted trees) from 32 rows on, else a ridge regression on the weights; its
-    quality is cross-validated: Spearman's rank correlation, MAE and RMSE of out-of-fold
-    predictions.
+    sum to 1 within 1e-3, or within the rounding of their printed decimals: such rows are
+    renormalized and counted in a warning); non-numeric columns (run names) are labels.
+    The regression is LightGBM (boosted trees) from 32 rows on, else a ridge regression
+    on the weights; its quality is cross-validated: Spearman's rank correlation, MAE and
+    RMSE of out-of-fold predictions.
 
     The recommended mixture follows RegMix: draw --candidates mixtures from a Dirichlet
     around the table's own mixtures (center: the mean row; concentration: estimated from
@@ -138,7 +139,8 @@ def fit(
     best_value = float(reg.predict(best[None, :])[0])
     predictions = reg.predict(other.weights) if other is not None else None
     rows, cv = len(table.weights), reg.cv
-    warning = _warning(rows, cv.spearman)
+    weak = _warning(rows, cv.spearman)
+    warnings = [*table.warnings, *(other.warnings if other else []), *([weak] if weak else [])]
 
     if as_json:
         out: dict[str, Any] = {
@@ -155,7 +157,7 @@ def fit(
                 "candidates": candidates,
                 "top_k": min(DEFAULT_TOP_K, candidates),
             },
-            "warnings": [warning] if warning else [],
+            "warnings": warnings,
         }
         if predictions is not None:
             out["predictions"] = [_num(float(p)) for p in predictions]
@@ -165,7 +167,7 @@ def fit(
         _print_text(csv, table, reg, best, best_value, concentration, candidates, top_k)
         if other is not None and predictions is not None:
             _print_predictions(predict, other, predictions, target)
-    if warning:
+    for warning in warnings:
         err_console.print(f"[yellow]warning: {escape(warning)}[/]", highlight=False, soft_wrap=True)
 
 

@@ -89,13 +89,13 @@ def inspect_lines(manifest: dict[str, Any]) -> list[str]:
     time = manifest.get("split", {}).get("time")
     if not time:
         return []
-    lines = [
-        f"split by time: held out on or after {time['split_time']} ({time['cut_utc']}); "
-        f"undated: {undated_text(time['undated'])}"
+    lines = [  # (each line fits in 80 columns)
+        f"split by time: held out on or after {time['split_time']} ({time['cut_utc']})",
+        f"undated: {undated_text(time['undated'])}",
     ]
     if time["train_dated_after_cut"]:
         lines.append(
-            f"  {time['train_dated_after_cut']:,} kept document(s) dated on or after the cut "
-            "are in train: their cluster's earliest dated member is before it"
+            f"  {time['train_dated_after_cut']:,} dated on or after it in train: with an "
+            "earlier duplicate"
         )
     return lines

@@ -199,13 +199,7 @@ def load_points(
 def _csv_points(path: Path, columns: dict[str, str | None]) -> FitPoints:
     from ledgerlm.scaling.table import read_points
 
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
-    budget_col = columns.pop("budget_col", None)
     table = read_points(path, **{k: v for k, v in columns.items() if v is not None})
-    budget = None
-    if budget_col is not None:
-        budget = _budget_labels(path, budget_col, table.lines)
     return FitPoints(
         table.N,
         table.D,
@@ -213,31 +207,9 @@ def _csv_points(path: Path, columns: dict[str, str | None]) -> FitPoints:
         {"csv": str(path)},
         labels=[f"line {n}" for n in table.lines],
         lr=table.lr,
-        budget=budget,
+        budget=table.budget,
         columns=table.columns,
     )
-
-
-def _budget_labels(path: Path, column: str, lines: np.ndarray) -> np.ndarray:
-    """The isoFLOP budget label of each row, from ``column`` (numbers, e.g. 6e18)."""
-    import csv as csv_module
-
-    with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv_module.DictReader(fh)
-        if column not in (reader.fieldnames or ()):
-            raise ValueError(f"{path}: no column {column!r} for the isoFLOP budget")
-        labels = {}
-        for line, row in enumerate(reader, start=2):
-            try:
-                value = float(row[column])
-            except (TypeError, ValueError):
-                value = math.nan
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(
-                    f"{path}:{line}: column {column!r}: {row[column]!r} is not a positive number"
-                )
-            labels[line] = value
-    return np.array([labels[int(n)] for n in lines])
 
 
 # -- held-out rules -------------------------------------------------------------------

@@ -9,22 +9,25 @@ predictions (what a mixture search needs is the ranking), their MAE and RMSE.
 ``recommend`` then follows RegMix (Liu et al. 2024): draw many candidate mixtures from a
 Dirichlet around a center, predict each, and average the ``top_k`` best.
 
-``read_mixture_table`` reads such a table from a CSV file with one-line errors naming
-the file and the line. Nothing here imports the rest of ledgerlm; LightGBM is imported
-when first used.
+``read_mixture_table`` reads such a table from a CSV file (``ledgerlm.tables``) with
+one-line errors naming the file and the line; weights rounded for print (a published
+table's 3 decimals) are renormalized when their rounding explains their sum. Nothing
+here imports the rest of ledgerlm but its CSV reader; LightGBM is imported when first
+used.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ledgerlm.tables import read_csv
 
 # -- defaults, seeds and tolerances -----------------------------------------------------
 
@@ -81,7 +84,9 @@ FALLBACK_CONCENTRATION_PER_DOMAIN = 1.0
 #: the lower one, rows that barely vary the upper one.
 CONCENTRATION_RANGE = (1e-2, 1e6)
 
-#: A row's weights must sum to 1 within this before it is renormalised to exactly 1.
+#: A row's weights must sum to 1 within this before it is renormalised to exactly 1, or
+#: within the rounding of their printed decimals (``rounding_tolerance``: published
+#: tables print weights to 3 decimals, and 17 of them may sum to 0.996 or 1.003).
 SUM_TOLERANCE = 1e-3
 
 
@@ -422,6 +427,7 @@ class MixtureTable:
     target: np.ndarray | None
     target_name: str | None
     names: list[str] | None  # the one non-numeric label column's values, if exactly one
+    warnings: list[str] = field(default_factory=list)  # rows renormalized from their rounding
 
 
 def _number(text: str) -> float | None:
@@ -440,54 +446,32 @@ def _is_numeric_column(cells: list[str]) -> bool:
     return 2 * sum(_number(c) is not None for c in filled) >= len(filled)
 
 
-def _read_rows(path: Path) -> tuple[int, list[str], list[tuple[int, list[str]]]]:
-    """The header's line number, the header, and the (line number, cells) of every
-    non-blank row after it."""
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise ValueError(f"{path}: is a folder, not a CSV file") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not a UTF-8 text file") from None
-    except OSError as exc:
-        raise ValueError(f"{path}: {exc.strerror or exc}") from None
-    reader = csv.reader(io.StringIO(text, newline=""))
-    header: list[str] | None = None
-    header_line = 0
-    rows: list[tuple[int, list[str]]] = []
-    try:
-        for cells in reader:
-            cells = [c.strip() for c in cells]
-            if not any(cells):
-                continue
-            if header is None:
-                header, header_line = cells, reader.line_num
-            else:
-                rows.append((reader.line_num, cells))
-    except csv.Error as exc:
-        raise ValueError(f"{path}:{reader.line_num}: {exc}") from None
-    if header is None:
-        raise ValueError(f"{path}: empty file (expected a header line and one row per run)")
-    where = f"{path}:{header_line}"
-    if all(_number(c) is not None for c in header if c):
-        raise ValueError(f"{where}: no header: the first line holds numbers, not column names")
-    seen: set[str] = set()
-    for i, name in enumerate(header, 1):
-        if not name:
-            raise ValueError(f"{where}: column {i} of the header has no name")
-        if name in seen:
-            raise ValueError(f"{where}: column {name!r} appears twice in the header")
-        seen.add(name)
-    for line, cells in rows:
-        if len(cells) != len(header):
-            raise ValueError(
-                f"{path}:{line}: {len(cells)} fields where the header has {len(header)}"
-            )
-    if not rows:
-        raise ValueError(f"{path}: no rows after the header (one row per run expected)")
-    return header_line, header, rows
+def printed_decimals(text: str) -> int:
+    """The decimals a number is printed with, read from its text: ``0.334`` 3, ``0.50``
+    2, ``1`` 0, ``2.5e-4`` 5 (the exponent shifts them)."""
+    exponent = Decimal(text).as_tuple().exponent
+    return max(0, -exponent) if isinstance(exponent, int) else 0
+
+
+def rounding_tolerance(weights: int, decimals: int) -> Decimal:
+    """How far from 1 a row of ``weights`` may sum when the true weights summed to 1 and
+    each was rounded to ``decimals`` (the row's finest printed decimal): the number of
+    weights x half a unit of that decimal (0.0085 for 17 weights at 3 decimals). Zero
+    without decimals (weights printed as 0 and 1 are exact, not rounded)."""
+    if decimals == 0:
+        return Decimal(0)
+    return weights * Decimal(5).scaleb(-(decimals + 1))
+
+
+def _renormalized_warning(path: Path, rows: int, rounded: list[tuple[int, Decimal]]) -> str:
+    """One line counting the rows accepted only within their rounding."""
+    decimals = sorted({d for d, _ in rounded})
+    places = f"{decimals[0]}" if len(decimals) == 1 else f"{decimals[0]}- to {decimals[-1]}"
+    sums = [float(total) for _, total in rounded]
+    return (
+        f"{path}: renormalized {len(rounded)} of {rows} rows whose weights sum to 1 only "
+        f"within their {places}-decimal rounding (sums {min(sums):.6g} to {max(sums):.6g})"
+    )
 
 
 def _column_list(names: Sequence[str]) -> str:
@@ -505,11 +489,14 @@ def read_mixture_table(
     Without ``domains``: every numeric column other than ``target`` and ``ignore`` is a
     domain weight; non-numeric columns (run names) are labels. With ``domains``: exactly
     those columns, in that order, are the weights (others are ignored). Every row's
-    weights must be finite, >= 0 and sum to 1 within ``SUM_TOLERANCE``; they are then
-    renormalised to sum exactly to 1. Errors are one-line ``ValueError``s naming the
-    file and line (the header is line 1)."""
+    weights must be finite, >= 0 and sum to 1 within ``SUM_TOLERANCE`` or within the
+    rounding of their printed decimals (``rounding_tolerance``: the rows accepted so are
+    counted in ``warnings``); they are then renormalised to sum exactly to 1. A table
+    with a target is a regression's: it needs ``MIN_ROWS`` rows. Errors are one-line
+    ``ValueError``s naming the file and line (the header is line 1)."""
     path = Path(path)
-    header_line, header, rows = _read_rows(path)
+    csv = read_csv(path)
+    header_line, header, rows = csv.header_line, csv.header, csv.rows
     where = f"{path}:{header_line}"
     for name in [*([target] if target is not None else []), *ignore]:
         if name not in header:
@@ -549,6 +536,7 @@ def read_mixture_table(
     ti = index[target] if target is not None else None
     weights = np.empty((len(rows), len(di)))
     values = np.empty(len(rows)) if ti is not None else None
+    rounded: list[tuple[int, Decimal]] = []  # (decimals, sum) of rows off by their rounding
     for r, (line, cells) in enumerate(rows):
         for j, (d, i) in enumerate(zip(domain_list, di, strict=True)):
             cell = cells[i]
@@ -561,12 +549,22 @@ def read_mixture_table(
             if x < 0:
                 raise ValueError(f"{path}:{line}: weight {cell} of domain {d!r} is negative")
             weights[r, j] = x
-        total = float(weights[r].sum())
-        if abs(total - 1.0) > SUM_TOLERANCE:
-            raise ValueError(
-                f"{path}:{line}: the weights sum to {total:.6g}, not 1 (tolerance "
-                f"{SUM_TOLERANCE:g}; weight columns: {_column_list(domain_list)})"
-            )
+        printed = [cells[i] for i in di]
+        total = sum(map(Decimal, printed))  # exact: the sum of the numbers as printed
+        off = abs(total - 1)
+        if off > Decimal(repr(SUM_TOLERANCE)):
+            places = max(map(printed_decimals, printed))
+            rounding = rounding_tolerance(len(printed), places)
+            if off >= rounding:  # rounding cannot explain it (a tie at every weight aside)
+                within = f"{SUM_TOLERANCE:g}"
+                if rounding > SUM_TOLERANCE:
+                    within = f"{float(rounding):g} for {len(di)} weights at {places} decimal"
+                    within += "s" if places > 1 else ""
+                raise ValueError(
+                    f"{path}:{line}: the weights sum to {float(total):.6g}, not 1 (tolerance "
+                    f"{within}; weight columns: {_column_list(domain_list)})"
+                )
+            rounded.append((places, total))
         if ti is not None:
             assert values is not None
             cell = cells[ti]
@@ -577,6 +575,11 @@ def read_mixture_table(
             if not math.isfinite(y):
                 raise ValueError(f"{path}:{line}: target {target!r}: {cell!r} is not finite")
             values[r] = y
+    if target is not None and len(rows) < MIN_ROWS:
+        raise ValueError(
+            f"{path}: {len(rows)} row{'s' if len(rows) > 1 else ''} after the header; a "
+            f"mixture regression needs at least {MIN_ROWS} (one per run)"
+        )
     weights /= weights.sum(axis=1, keepdims=True)
     return MixtureTable(
         domains=domain_list,
@@ -584,4 +587,5 @@ def read_mixture_table(
         target=values,
         target_name=target,
         names=names,
+        warnings=[_renormalized_warning(path, len(rows), rounded)] if rounded else [],
     )

@@ -5,13 +5,14 @@ D as ``D``, ``tokens`` or ``Training Tokens``; compute as ``C``, ``flops`` or
 ``Training FLOP`` (then D = C / (6 N)); the loss as ``loss``, ``val_loss`` or
 ``final_loss``; an optional learning rate as ``lr`` or ``learning_rate``. Any of them
 can be named instead (``n_col=`` ...), so Epoch AI's reconstruction of the Chinchilla
-runs (``Model Size``, ``Training FLOP``, ``loss``) reads as it is. A value that is
-not a positive finite number is refused with the file, the line and the column.
+runs (``Model Size``, ``Training FLOP``, ``loss``) reads as it is. The header follows
+``ledgerlm.tables`` (a byte-order mark and spaces around names are accepted, a name
+given twice is refused); a value that is not a positive finite number is refused with
+the file, the line and the column.
 """
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ledgerlm.scaling.law import KAPPA
+from ledgerlm.tables import read_csv
 
 KNOWN = {
     "N": ("N", "n", "params", "parameters", "Model Size", "model_size"),
@@ -39,30 +41,37 @@ class TablePoints:
     lr: np.ndarray | None
     lines: np.ndarray  # the file line of each row (the header is line 1)
     columns: dict[str, str]  # what each quantity was read from ("D": "C / (6 N)" ...)
+    budget: np.ndarray | None = None  # each row's isoFLOP budget label, when asked for
 
     def __iter__(self):
         return iter((self.N, self.D, self.loss))
 
     def select(self, keep: np.ndarray) -> TablePoints:
-        lr = None if self.lr is None else self.lr[keep]
+        pick = lambda a: None if a is None else a[keep]  # noqa: E731
         return TablePoints(
-            self.N[keep], self.D[keep], self.loss[keep], lr, self.lines[keep], self.columns
+            self.N[keep],
+            self.D[keep],
+            self.loss[keep],
+            pick(self.lr),
+            self.lines[keep],
+            self.columns,
+            pick(self.budget),
         )
 
 
-def _column(fields: list[str], quantity: str, given: str | None, path: Path) -> str | None:
+def _column(fields: list[str], quantity: str, given: str | None, where: str) -> str | None:
     if given is not None:
         if given not in fields:
             raise ValueError(
-                f"{path}: no column {given!r} for {quantity} (columns: {', '.join(fields)})"
+                f"{where}: no column {given!r} for {quantity} (columns: {', '.join(fields)})"
             )
         return given
     return next((name for name in KNOWN[quantity] if name in fields), None)
 
 
-def _number(value: str | None, path: Path, line: int, column: str) -> float:
+def _number(value: str, path: Path, line: int, column: str) -> float:
     try:
-        x = float(value) if value is not None else math.nan
+        x = float(value)
     except ValueError:
         x = math.nan
     if not (math.isfinite(x) and x > 0):
@@ -78,44 +87,54 @@ def read_points(
     c_col: str | None = None,
     loss_col: str | None = None,
     lr_col: str | None = None,
+    budget_col: str | None = None,
     kappa: float = KAPPA,
 ) -> TablePoints:
-    """The rows of ``path`` as points; see the module for the columns looked for."""
-    path = Path(path)
-    with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
-        fields = list(reader.fieldnames or ())
-        n = _column(fields, "N", n_col, path)
-        loss = _column(fields, "loss", loss_col, path)
-        d = _column(fields, "D", d_col, path) if c_col is None else None
-        c = _column(fields, "C", c_col, path) if d is None else None
-        lr = _column(fields, "lr", lr_col, path)
-        missing = [
-            f"{q} ({' or '.join(KNOWN[q])}; or name it with --{q.lower()}-col)"
-            for q, col in (("N", n), ("loss", loss))
-            if col is None
+    """The rows of ``path`` as points; see the module for the columns looked for.
+
+    The file is read by ``ledgerlm.tables.read_csv`` (its header rules: a byte-order
+    mark, spaces around names, duplicated names). ``budget_col`` names a column of
+    isoFLOP budget labels (numbers, e.g. 6e18), returned as ``budget``."""
+    table = read_csv(path)
+    path, fields = table.path, table.header
+    where = f"{path}:{table.header_line}"
+    n = _column(fields, "N", n_col, where)
+    loss = _column(fields, "loss", loss_col, where)
+    d = _column(fields, "D", d_col, where) if c_col is None else None
+    c = _column(fields, "C", c_col, where) if d is None else None
+    lr = _column(fields, "lr", lr_col, where)
+    if budget_col is not None and budget_col not in fields:
+        raise ValueError(f"{where}: no column {budget_col!r} for the isoFLOP budget")
+    missing = [
+        f"{q} ({' or '.join(KNOWN[q])}; or name it with --{q.lower()}-col)"
+        for q, col in (("N", n), ("loss", loss))
+        if col is None
+    ]
+    if d is None and c is None:
+        missing.append("D or C (tokens or compute; --d-col or --c-col)")
+    if missing:
+        raise ValueError(f"{where}: missing column(s) for {'; '.join(missing)}")
+    wanted = [n, d or c, loss, *(x for x in (lr, budget_col) if x is not None)]
+    index = [table.column(col) for col in wanted]
+    arr = np.array(
+        [
+            [_number(cells[i], path, line, col) for i, col in zip(index, wanted, strict=True)]
+            for line, cells in table.rows
         ]
-        if d is None and c is None:
-            missing.append("D or C (tokens or compute; --d-col or --c-col)")
-        if missing:
-            raise ValueError(f"{path}: missing column(s) for {'; '.join(missing)}")
-        rows, lines = [], []
-        for line, row in enumerate(reader, start=2):
-            values = [_number(row.get(col), path, line, col) for col in (n, d or c, loss)]
-            if lr is not None:
-                values.append(_number(row.get(lr), path, line, lr))
-            rows.append(values)
-            lines.append(line)
-    if not rows:
-        raise ValueError(f"{path}: no rows")
-    arr = np.array(rows, dtype=np.float64)
+    )
     N, second, losses = arr[:, 0], arr[:, 1], arr[:, 2]
     D = second if d is not None else second / (kappa * N)
     columns = {"N": n, "D": d if d is not None else f"{c} / ({kappa:g} N)", "loss": loss}
     if lr is not None:
         columns["lr"] = lr
     return TablePoints(
-        N, D, losses, arr[:, 3] if lr is not None else None, np.array(lines), columns
+        N,
+        D,
+        losses,
+        arr[:, 3] if lr is not None else None,
+        np.array([line for line, _ in table.rows]),
+        columns,
+        arr[:, -1] if budget_col is not None else None,
     )
 
 

@@ -16,7 +16,7 @@ import pytest
 from cli_runner import ledgerlm
 from ledgerlm.config import BuiltinCorpusConfig, DataConfig, InputConfig, RecipeError, parse_time
 from ledgerlm.data.passes import held_split
-from ledgerlm.data.pipeline import DataError, data_version, prepare_data
+from ledgerlm.data.pipeline import DataError, check_inputs, data_version, prepare_data
 from ledgerlm.data.readers import Quarantined, expand_inputs, read_shard
 from ledgerlm.workspace import Workspace
 
@@ -312,3 +312,11 @@ def test_no_document_after_the_cut_stops_the_build_naming_the_setting(built, tmp
     folder, _, _ = built
     with pytest.raises(DataError, match=r"the val split is empty: none of the .* 2100-01-01"):
         prepare_data(_config(folder, split_time="2100-01-01"), Workspace(tmp_path / "ws"))
+
+
+def test_a_time_split_with_nowhere_to_hold_out_is_refused_before_any_work(built):
+    folder, _, _ = built
+    cfg = _config(folder).model_copy(update={"val_sources": [str(folder / "a.jsonl")]})
+    with pytest.raises(DataError, match=r'data.split = "time" has no split to hold out into'):
+        check_inputs(cfg)
+    check_inputs(cfg.model_copy(update={"test_fraction": 0.1}))  # the held out go to test

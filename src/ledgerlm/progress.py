@@ -1,7 +1,9 @@
 """Progress reporting that library code can use without knowing about terminals.
 
 Stages call ``progress.task(description, total)`` and advance the returned
-handle; the CLI passes a rich-backed implementation, tests pass nothing.
+handle, and ``progress.note(line)`` for a line the user should read while the work goes
+on (a warning, where a copy of the run goes); the CLI passes a rich-backed
+implementation, tests pass nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ class Task(Protocol):
 class Progress(Protocol):
     def task(self, description: str, total: float | None = None) -> Any: ...
 
+    def note(self, line: str) -> None:
+        """Show ``line`` (plain text, one line) to the user now."""
+
 
 class _NullTask:
     def advance(self, n: float = 1, **fields: Any) -> None:
@@ -30,3 +35,6 @@ class NullProgress:
     @contextmanager
     def task(self, description: str, total: float | None = None) -> Iterator[Task]:
         yield _NullTask()
+
+    def note(self, line: str) -> None:
+        pass

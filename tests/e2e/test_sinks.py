@@ -1,13 +1,18 @@
 """Sinks fed by the ledger, end to end through the console script: a tiny run copied
 live into TensorBoard, MLflow (a file store in tmp) and W&B (offline), each read back
-with the library's own reader and compared with the ledger; ``ledger export`` replaying
-the run after the fact; sinks that fail, and a run that fails, never losing the ledger.
+with the library's own reader and compared with the ledger, the run saying where each
+copy goes; ``ledger export`` replaying the run after the fact at the ledger's times,
+twice into the same MLflow and W&B run; a sink whose library is missing refused before
+anything is written; sinks that fail, and a run that fails, never losing the ledger.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -108,7 +113,7 @@ def live(tmp_path_factory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("sinks")
     ws, mlruns = root / "ws", root / "mlruns"
     with sink_env(root):
-        ledgerlm(
+        proc = ledgerlm(
             "run", str(TINY), "-w", str(ws), *SHORT,
             "--set", f"log.sinks={SINKS}",
             "--set", f"log.mlflow_uri={mlruns.as_uri()}",
@@ -118,7 +123,7 @@ def live(tmp_path_factory) -> dict[str, Any]:
         run_id = ledger.resolve_run("latest")
     steps, summary = ledger_of(ws, run_id)
     return {"root": root, "ws": ws, "run": run_id, "mlruns": mlruns, "steps": steps,
-            "summary": summary}  # fmt: skip
+            "summary": summary, "stderr": proc.stderr}  # fmt: skip
 
 
 def _scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
@@ -127,6 +132,14 @@ def _scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
     acc = EventAccumulator(str(folder))
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def _walltimes(folder: Path) -> dict[str, list[float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    return {tag: [e.wall_time for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
 def _check_scalars(scalars: dict, steps: list[dict], evaluations: list[dict]) -> None:
@@ -145,11 +158,25 @@ def _check_scalars(scalars: dict, steps: list[dict], evaluations: list[dict]) ->
         assert [v for _, v in scalars[tag]] == pytest.approx(values, rel=1e-6)
 
 
+def test_the_run_says_where_each_copy_goes(live):
+    lines = live["stderr"].splitlines()
+    logs = live["ws"] / "runs" / live["run"] / "logs"
+    assert f"tensorboard sink: {logs}" in lines
+    assert f"tensorboard --logdir {logs}" in lines  # what to type to see it
+    (mlflow,) = [line for line in lines if line.startswith("mlflow sink: ")]
+    assert mlflow.startswith(f"mlflow sink: {live['mlruns'].as_uri()} (experiment ledgerlm, run ")
+    (folder,) = (logs / "wandb").glob(f"offline-run-*-{live['run']}")
+    assert f"wandb sink: {folder}" in lines and f"wandb sync {folder}" in lines
+    assert not [line for line in lines if line.startswith("warning")]
+
+
 def test_tensorboard_holds_every_update_and_evaluation_of_the_ledger(live):
     pytest.importorskip("tensorboard", reason="pip install 'ledgerlm[tensorboard]'")
     logs = live["ws"] / "runs" / live["run"] / "logs"
     assert list(logs.glob("events.out.tfevents.*"))
     _check_scalars(_scalars(logs), live["steps"], live["summary"]["evaluations"])
+    walltimes = _walltimes(logs)
+    assert walltimes["train/loss"] == [r["at"] for r in live["steps"]]
     assert not events(live["summary"], "sink_failed")
     (spent,) = events(live["summary"], "sinks")
     assert set(json.loads(spent["message"])["seconds"]) == {"tensorboard", "mlflow", "wandb"}
@@ -207,9 +234,17 @@ def test_ledger_export_replays_the_run_into_tensorboard(live, tmp_path):
     out = ledgerlm("ledger", "export", live["run"][-9:], "--to", "tensorboard", str(tmp_path),
                    "-w", str(live["ws"]))  # fmt: skip
     assert f"4 updates and 2 evaluations of run {live['run']}" in out.stdout
+    assert f"tensorboard --logdir {tmp_path / live['run']}" in out.stdout.splitlines()
     exported = _scalars(tmp_path / live["run"])
     _check_scalars(exported, live["steps"], live["summary"]["evaluations"])
     assert exported == _scalars(live["ws"] / "runs" / live["run"] / "logs")  # the live copy
+    # at the times of the training, not of the export
+    walltimes = _walltimes(tmp_path / live["run"])
+    for tag in ("train/loss", "train/lr", "train/tokens_per_s"):
+        assert walltimes[tag] == [r["at"] for r in live["steps"]]
+    evaluated = [e["created_at"] for e in live["summary"]["evaluations"]]
+    assert walltimes["val/loss"] == walltimes["val_domain/loss/code"] == evaluated
+    assert walltimes["val/loss"][-1] > walltimes["train/loss"][-1]  # after the last update
 
 
 def test_ledger_export_replays_the_run_into_mlflow_and_wandb(live, tmp_path):
@@ -220,27 +255,41 @@ def test_ledger_export_replays_the_run_into_mlflow_and_wandb(live, tmp_path):
     uri = (tmp_path / "mlruns").as_uri()
     with sink_env(tmp_path):
         ws = ["-w", str(live["ws"]), "--json"]
-        to_mlflow = json.loads(
-            ledgerlm("ledger", "export", "latest", uri, "--to", "mlflow", *ws).stdout
-        )
         wb = str(tmp_path / "wb")
-        to_wandb = json.loads(
-            ledgerlm("ledger", "export", "latest", wb, "--to", "wandb", *ws).stdout
+        to_mlflow, to_wandb = (
+            [
+                json.loads(ledgerlm("ledger", "export", "latest", dest, "--to", to, *ws).stdout)
+                for _ in "12"  # twice: the second updates the first's copy
+            ]
+            for dest, to in ((uri, "mlflow"), (wb, "wandb"))
         )
         client = MlflowClient(uri)
         (run,) = client.search_runs([client.get_experiment_by_name("ledgerlm").experiment_id])
-    assert to_mlflow["steps"] == 4 and to_mlflow["evaluations"] == 2
+    assert to_mlflow[0]["steps"] == 4 and to_mlflow[0]["evaluations"] == 2
+    assert to_mlflow[0]["where"] == to_mlflow[1]["where"]
     assert run.info.run_name == live["run"] and run.data.tags["ledgerlm.source"] == "export"
-    history = client.get_metric_history(run.info.run_id, "train/lr")
+    history = client.get_metric_history(run.info.run_id, "train/lr")  # each point once
     assert [m.value for m in history] == pytest.approx([r["lr"] for r in live["steps"]])
-    (folder,) = (tmp_path / "wb" / "wandb").glob("offline-run-*")
-    assert to_wandb["where"] == str(folder)
-    (record,) = folder.glob("run-*.wandb")
-    history = wandb_history(wandb_records(record))
-    train = [h["train/grad_norm"] for h in history if "train/grad_norm" in h]
-    assert train == pytest.approx([r["grad_norm"] for r in live["steps"]])
-    # steps in order, each evaluation after the update it follows
-    assert [h["step"] for h in history] == [1, 2, 2, 3, 4, 4]
+    assert [m.timestamp for m in history] == [round(1000 * r["at"]) for r in live["steps"]]
+    phases = live["summary"]["phases"]
+    assert run.info.start_time == round(1000 * phases[0]["started_at"])  # the start-up's
+    assert run.info.end_time == round(1000 * max(p["ended_at"] for p in phases))
+    folders = sorted((tmp_path / "wb" / "wandb").glob("offline-run-*"))
+    assert [r["where"] for r in to_wandb] == [str(f) for f in folders]
+    ids = set()
+    for folder in folders:
+        (record,) = folder.glob("run-*.wandb")
+        records = wandb_records(record)
+        ids |= {r.run.run_id for r in records if r.WhichOneof("record_type") == "run"}
+        history = wandb_history(records)
+        train = [h for h in history if "train/grad_norm" in h]
+        assert [h["train/grad_norm"] for h in train] == pytest.approx(
+            [r["grad_norm"] for r in live["steps"]]
+        )
+        assert [h["_timestamp"] for h in train] == [r["at"] for r in live["steps"]]
+        # steps in order, each evaluation after the update it follows
+        assert [h["step"] for h in history] == [1, 2, 2, 3, 4, 4]
+    assert ids == {f"{live['run']}-export"}  # one W&B run, whatever syncs it
 
 
 def test_a_sink_that_cannot_open_is_an_event_and_training_goes_on(tmp_path):
@@ -248,9 +297,9 @@ def test_a_sink_that_cannot_open_is_an_event_and_training_goes_on(tmp_path):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the log folder should be")
     ws = tmp_path / "ws"
-    ledgerlm("run", str(TINY), "-w", str(ws), "--set", "train.max_steps=2", "--set",
-             "eval.every_steps=2", "--set", 'log.sinks=["tensorboard"]',
-             "--set", f"log.dir={blocker}")  # fmt: skip
+    proc = ledgerlm("run", str(TINY), "-w", str(ws), "--set", "train.max_steps=2", "--set",
+                    "eval.every_steps=2", "--set", 'log.sinks=["tensorboard"]',
+                    "--set", f"log.dir={blocker}")  # fmt: skip
     with Ledger(ws / "ledger.db") as ledger:
         summary = ledger.run_summary(ledger.resolve_run("latest"))
     assert summary["run"]["status"] in ("reached", "not reached")
@@ -258,6 +307,11 @@ def test_a_sink_that_cannot_open_is_an_event_and_training_goes_on(tmp_path):
     (failed,) = events(summary, "sink_failed")
     assert failed["message"].startswith("tensorboard: NotADirectoryError: ")
     assert "\n" not in failed["message"] and str(blocker) in failed["message"]
+    # said once on the console as it happened, and in ledger show's events
+    (warning,) = [line for line in proc.stderr.splitlines() if "warning" in line]
+    assert warning.startswith(f"warning: {failed['message']}; the tensorboard sink is dropped")
+    shown = ledgerlm("ledger", "show", "latest", "-w", str(ws)).stdout.splitlines()
+    assert shown[shown.index("events: 1 warning") + 1] == f"  sink_failed: {failed['message']}"
 
 
 def test_the_sinks_of_a_failing_run_are_closed_with_what_the_ledger_holds(tmp_path):
@@ -286,3 +340,63 @@ def test_the_sinks_of_a_failing_run_are_closed_with_what_the_ledger_holds(tmp_pa
     scalars = _scalars(ws / "runs" / run_id / "logs")
     assert [s for s, _ in scalars["train/loss"]] == [r["step"] for r in steps]
     assert events(summary, "sinks")  # closed (and timed) after the error
+
+
+# What an install without a sink's extra looks like to Python: a finder first on the
+# meta path that refuses the package and its modules, as a missing one is refused.
+BLOCKER = """
+import sys
+
+class Missing:
+    def find_spec(self, name, path=None, target=None):
+        if any(name == m or name.startswith(m + ".") for m in {modules!r}):
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+sys.meta_path.insert(0, Missing())
+"""
+BLOCKED = {
+    "tensorboard": ("tensorboard", "torch.utils.tensorboard"),
+    "mlflow": ("mlflow",),
+    "wandb": ("wandb",),
+}
+
+
+def ledgerlm_without(modules: tuple[str, ...], root: Path, *args: str) -> Any:
+    """The console script in an interpreter that cannot import ``modules`` (a
+    ``sitecustomize`` on ``PYTHONPATH`` installs the finder)."""
+    folder = root / "without"
+    folder.mkdir(exist_ok=True)
+    (folder / "sitecustomize.py").write_text(BLOCKER.format(modules=modules))
+    env = {**os.environ, "PYTHONPATH": str(folder), "COLUMNS": "200"}
+    exe = Path(sys.executable).with_name("ledgerlm")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600, env=env)
+
+
+def _refused(proc: Any, line: str) -> None:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == [line] and not proc.stdout
+
+
+@pytest.mark.parametrize("kind", sorted(BLOCKED))
+def test_a_sink_whose_library_is_missing_is_refused_before_anything_is_written(kind, tmp_path):
+    package = {"mlflow": "mlflow-skinny"}.get(kind, kind)
+    needs = f"{kind} needs the {package} package: pip install 'ledgerlm[{kind}]'"
+    ws = tmp_path / "ws"
+    proc = ledgerlm_without(
+        BLOCKED[kind], tmp_path, "run", str(TINY), "-w", str(ws), "--set", f'log.sinks=["{kind}"]'
+    )  # fmt: skip
+    _refused(proc, f"error: log.sinks: {needs}")
+    assert not (ws / "ledger.db").exists() and not (ws / "runs").exists()  # no run, no folder
+    # ledger export to it: the same line, nothing written
+    with Ledger(ws / "ledger.db") as ledger:
+        run_id = ledger.create_run("old", {}, target_metric="loss", target_value=1.0,
+                                   eval_every=1)  # fmt: skip
+    dest = tmp_path / "copy"
+    proc = ledgerlm_without(
+        BLOCKED[kind], tmp_path, "ledger", "export", run_id, str(dest), "--to", kind,
+        "-w", str(ws),
+    )  # fmt: skip
+    _refused(proc, f"error: --to: {needs}")
+    assert not dest.exists()

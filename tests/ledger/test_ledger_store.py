@@ -268,9 +268,14 @@ def test_steps_are_stored_per_update_and_summarized(tmp_path):
             }
             for i in (1, 2, 3)
         ]
+        rows[2].update(seconds=0.25, at=1234.5)  # its wall time and when it ended
         ledger.add_steps(run, rows[:2])
         ledger.add_steps(run, rows[2:])
         assert [r["step"] for r in ledger.steps(run)] == [1, 2, 3]
+        assert [(r["seconds"], r["at"]) for r in ledger.steps(run)][1:] == [
+            (None, None),
+            (0.25, 1234.5),
+        ]
         assert ledger.run_summary(run)["steps_recorded"] == {
             "updates": 3,
             "tokens": 300,
@@ -362,6 +367,7 @@ def test_a_version_1_file_is_migrated_and_its_rows_still_load(tmp_path: Path) ->
         assert closed["seconds"] > 0 and closed["step_end"] == 12
     assert _columns(path, "phases")[-1] == "beat_at"
     assert _columns(path, "evaluations")[-1] == "consumed_json"
+    assert _columns(path, "steps")[-2:] == ["seconds", "at"]  # each update's time and end
     with Ledger(path) as again:  # a second open changes nothing
         assert again.run_summary("old-run")["open_phases"] == 0
     conn = sqlite3.connect(path)

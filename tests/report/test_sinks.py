@@ -1,10 +1,12 @@
-"""The sinks without training: names, the fan-out that drops a failing sink, each real
-library read back with its own reader, a missing library, and the replay of a ledger run.
+"""The sinks without training: names, the fan-out that drops a failing sink (and says
+so), each real library read back with its own reader, a missing library, and the replay
+of a ledger run at the times the ledger holds, twice into the same MLflow and W&B run.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,15 +24,17 @@ from ledgerlm.report.sinks import (
     SinkError,
     TensorBoardSink,
     WandbSink,
+    check_sink,
     evaluation_scalars,
     flat_params,
     step_scalars,
 )
 from ledgerlm.workspace import Workspace
 
+T0 = 1_700_000_000.0  # the run trained long before any test exports it
 ROWS = [
     {"step": s, "tokens": 1000 + s, "targets": 990, "loss": 6.0 - 0.25 * s,
-     "grad_norm": 1.0 / s, "lr": 1e-3 * s, "seconds": 0.5}
+     "grad_norm": 1.0 / s, "lr": 1e-3 * s, "seconds": 0.5, "at": T0 + 10 + 0.5 * s}
     for s in range(1, 7)
 ]  # fmt: skip
 EVALS = [
@@ -96,11 +100,12 @@ def test_the_names_are_the_same_in_every_sink():
     }  # fmt: skip
 
 
-def _recorder(tmp_path: Path) -> tuple[Ledger, LedgerRecorder]:
+def _recorder(tmp_path: Path, notes: list[str] | None = None) -> tuple[Ledger, LedgerRecorder]:
     ledger = Ledger(tmp_path / "ledger.db")
     run_id = ledger.create_run("unit", RECIPE, target_metric="loss", target_value=1.0,
                                eval_every=3)  # fmt: skip
-    return ledger, LedgerRecorder(ledger, run_id, flush_every=3)
+    note = None if notes is None else notes.append
+    return ledger, LedgerRecorder(ledger, run_id, flush_every=3, note=note)
 
 
 def _train(recorder: LedgerRecorder) -> None:
@@ -124,7 +129,8 @@ def _train(recorder: LedgerRecorder) -> None:
 
 
 def test_a_failing_sink_is_one_event_and_dropped_while_the_others_get_everything(tmp_path):
-    ledger, recorder = _recorder(tmp_path)
+    notes: list[str] = []
+    ledger, recorder = _recorder(tmp_path, notes)
     keeping, breaking = Keeping(), Breaking()
     recorder.sinks.open("keeping", lambda: keeping)
     recorder.sinks.open("breaking", lambda: breaking)
@@ -146,6 +152,12 @@ def test_a_failing_sink_is_one_event_and_dropped_while_the_others_get_everything
         "breaking: ConnectionError: the dashboard went away while logging",
     ]
     assert failed[1]["step"] is not None
+    # and one warning line each for the user, as it happens
+    assert len(notes) == 2 and all("\n" not in line for line in notes)
+    assert notes[0].startswith("warning: refusing: PermissionError: no token; ")
+    assert notes[1].startswith(f"warning: {failed[1]['message']}; ")
+    assert f"dropped at step {failed[1]['step']}" in notes[1]
+    assert f"ledgerlm ledger export {recorder.run_id} --to breaking" in notes[1]
     # the others saw exactly what the ledger holds: every row, every evaluation
     ledger_steps = ledger.steps(recorder.run_id)
     assert keeping.steps == ledger_steps and len(keeping.steps) == len(ROWS)
@@ -184,9 +196,19 @@ def test_rows_reach_the_sinks_only_once_they_are_in_the_ledger(tmp_path):
     ],
 )
 def test_a_missing_library_names_the_extra(kind, module, make, tmp_path, monkeypatch):
+    check_sink(kind)  # installed here: nothing to say
     for name in [m for m in sys.modules if m == module or m.startswith(module + ".")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, module, None)  # what `import` finds for a missing one
+    monkeypatch.setitem(sys.modules, kind, None)  # the package itself (tensorboard's too)
+    package = {"mlflow": "mlflow-skinny"}.get(kind, kind)
+    with pytest.raises(SinkError) as refused:
+        check_sink(kind)
+    assert str(refused.value) == (
+        f"log.sinks: {kind} needs the {package} package: pip install 'ledgerlm[{kind}]'"
+    )
+    with pytest.raises(SinkError, match=rf"^--to: {kind} needs the "):
+        check_sink(kind, "--to")
     with pytest.raises(SinkError, match=rf"pip install 'ledgerlm\[{kind}\]'"):
         make(tmp_path)
     # and a run with it configured records that, then trains on
@@ -242,9 +264,12 @@ def test_mlflow_sink_reads_back_and_a_live_copy_continues_its_run(tmp_path, monk
     again = MLflowSink("unit-run", uri=uri, experiment="lab")  # a resumed run's live copy
     assert again.mlflow_run_id == first.mlflow_run_id
     again.close("reached")
-    export = MLflowSink("unit-run", uri=uri, experiment="lab", resume=False)
+    export = MLflowSink("unit-run", uri=uri, experiment="lab", source="export")
     assert export.mlflow_run_id != first.mlflow_run_id
     export.close("reached")
+    again = MLflowSink("unit-run", uri=uri, experiment="lab", source="export")
+    assert again.mlflow_run_id == export.mlflow_run_id  # a second export: the same run
+    again.close("reached")
 
     client = MlflowClient(uri)
     run = client.get_run(first.mlflow_run_id)
@@ -277,15 +302,33 @@ def test_wandb_sink_reads_back_offline(tmp_path):
     assert exit_record.exit_code == 1  # the ledger run failed
 
 
-def _seeded(tmp_path: Path) -> tuple[Ledger, str]:
+def _seeded(tmp_path: Path, rows: list[dict] = ROWS) -> tuple[Ledger, str]:
+    """A run that trained at T0, long before the export: created at T0, one train phase
+    holding its 6 updates (T0 + 10 to T0 + 13), each evaluation just after its update."""
     ledger = Ledger(tmp_path / "ledger.db")
     run_id = ledger.create_run("seeded", RECIPE, target_metric="loss", target_value=1.0,
                                eval_every=3)  # fmt: skip
-    ledger.add_steps(run_id, ROWS)
+    ledger.add_steps(run_id, rows)
     for e in reversed(EVALS):  # stored in any order, replayed in step order
         ledger.add_evaluation(run_id, phase_id=None, **e)
     ledger.finish_run(run_id, "not reached")
+    with sqlite3.connect(tmp_path / "ledger.db") as conn:  # the times of a run of the past
+        conn.execute("UPDATE runs SET created_at = ? WHERE id = ?", (T0, run_id))
+        conn.execute(
+            "INSERT INTO phases(run_id, kind, started_at, ended_at, seconds, step_start,"
+            " step_end, detail_json) VALUES (?, 'train', ?, ?, 3.0, 0, 6, '{}')",
+            (run_id, T0 + 10, T0 + 13),
+        )
+        for e in EVALS:
+            conn.execute(
+                "UPDATE evaluations SET created_at = ? WHERE run_id = ? AND step = ?",
+                (_eval_at(e["step"]), run_id, e["step"]),
+            )
     return ledger, run_id
+
+
+def _eval_at(step: int) -> float:
+    return T0 + 10 + 0.5 * step + 0.25
 
 
 def test_replay_sends_the_ledger_in_step_order(tmp_path):
@@ -304,11 +347,17 @@ def test_export_run_to_tensorboard_and_its_faults(tmp_path):
     ledger, run_id = _seeded(tmp_path)
     ws = Workspace(tmp_path)
     result = export_run(ledger, ws, "seeded", "tensorboard", str(tmp_path / "tb"))
-    assert result == {"run": run_id, "sink": "tensorboard", "where": str(tmp_path / "tb" / run_id),
-                      "status": "not reached", "steps": 6, "evaluations": 2}  # fmt: skip
+    where = str(tmp_path / "tb" / run_id)
+    assert result == {"run": run_id, "sink": "tensorboard", "where": where,
+                      "view": f"tensorboard --logdir {where}", "status": "not reached",
+                      "steps": 6, "evaluations": 2}  # fmt: skip
     acc = EventAccumulator(result["where"])
     acc.Reload()
     assert len(acc.Scalars("train/lr")) == 6 and len(acc.Scalars("val/bpb")) == 2
+    # every point at its time in the ledger, not at the export's
+    for tag in ("train/loss", "train/lr", "train/tokens_per_s"):
+        assert [e.wall_time for e in acc.Scalars(tag)] == [r["at"] for r in ROWS]
+    assert [e.wall_time for e in acc.Scalars("val/loss")] == [_eval_at(3), _eval_at(6)]
     with pytest.raises(SinkError, match="needs a folder"):
         export_run(ledger, ws, run_id, "tensorboard")
     (tmp_path / "file").write_text("")
@@ -317,3 +366,60 @@ def test_export_run_to_tensorboard_and_its_faults(tmp_path):
     with pytest.raises(SinkError, match="unknown sink 'csv'"):
         export_run(ledger, ws, run_id, "csv", str(tmp_path))
     ledger.close()
+
+
+def test_rows_of_an_older_ledger_are_replayed_at_their_place_in_the_train_phase(tmp_path):
+    """A ledger written before updates kept their end time (schema 4): each update is
+    placed in its train phase by the seconds of the updates before it."""
+    ledger, run_id = _seeded(tmp_path, [{k: v for k, v in r.items() if k != "at"} for r in ROWS])
+    assert {r["at"] for r in ledger.steps(run_id)} == {None}
+    keeping = Keeping()
+    replay(ledger, run_id, keeping)
+    assert [r["at"] for r in keeping.steps] == pytest.approx([r["at"] for r in ROWS])
+    ledger.close()
+
+
+def test_a_second_mlflow_export_updates_its_run_at_the_ledger_times(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow", reason="pip install 'ledgerlm[mlflow]'")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    ledger, run_id = _seeded(tmp_path)
+    uri = (tmp_path / "mlruns").as_uri()
+    first = export_run(ledger, Workspace(tmp_path), run_id, "mlflow", uri)
+    second = export_run(ledger, Workspace(tmp_path), run_id, "mlflow", uri)
+    assert first["where"] == second["where"] and first["steps"] == second["steps"] == 6
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("ledgerlm").experiment_id])
+    assert run.data.tags["ledgerlm.run_id"] == run_id and run.info.status == "FINISHED"
+    # the ledger run's span: created at T0, its last phase ended at T0 + 13
+    assert (run.info.start_time, run.info.end_time) == (1000 * T0, 1000 * (T0 + 13))
+    for key in ("train/loss", "train/grad_norm"):
+        history = client.get_metric_history(run.info.run_id, key)  # each point once
+        assert [(m.step, m.timestamp) for m in history] == [
+            (r["step"], round(1000 * r["at"])) for r in ROWS
+        ]
+    val = client.get_metric_history(run.info.run_id, "val/loss")
+    assert [m.timestamp for m in val] == [round(1000 * _eval_at(s)) for s in (3, 6)]
+    ledger.close()
+
+
+def test_a_second_wandb_export_is_the_same_run_at_the_ledger_times(tmp_path):
+    pytest.importorskip("wandb", reason="pip install 'ledgerlm[wandb]'")
+    ledger, run_id = _seeded(tmp_path)
+    wb = tmp_path / "wb"
+    with sink_env(tmp_path):
+        done = [export_run(ledger, Workspace(tmp_path), run_id, "wandb", str(wb)) for _ in "12"]
+    ledger.close()
+    ids = set()
+    for result in done:
+        folder = Path(result["where"])
+        assert result["view"] == f"wandb sync {folder}"
+        records = wandb_records(folder / f"run-{run_id}-export.wandb")
+        ids |= {r.run.run_id for r in records if r.HasField("run")}
+        history = wandb_history(records)
+        train = [h for h in history if "train/loss" in h]
+        assert [h["_timestamp"] for h in train] == [r["at"] for r in ROWS]
+        val = [h for h in history if "val/loss" in h]
+        assert [h["_timestamp"] for h in val] == [_eval_at(3), _eval_at(6)]
+    assert ids == {f"{run_id}-export"}  # one W&B run: a sync updates it, never a second

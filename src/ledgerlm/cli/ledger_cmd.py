@@ -24,6 +24,7 @@ from ledgerlm.cli.render import (
     target_contract_line,
     target_line,
     test_line,
+    warning_lines,
 )
 from ledgerlm.cli.ui import DEFAULT_WS, JsonOpt, WorkspaceOpt, console, friendly_errors
 from ledgerlm.lab.status import with_liveness
@@ -77,7 +78,8 @@ def show(
     as_json: JsonOpt = False,
 ) -> None:
     """Phases with seconds, counters, the mixture (configured weights beside the tokens
-    consumed per domain), every evaluation and the time-to-target of one run."""
+    consumed per domain), every evaluation, the warnings (a sink that failed, a
+    non-finite loss, ...) and the time-to-target of one run."""
     with _open(workspace) as ledger:
         summary = ledger.run_summary(ledger.resolve_run(run))
     (summary["run"],) = with_liveness(Workspace(workspace), [summary["run"]])
@@ -101,6 +103,8 @@ def show(
         console.print(line, highlight=False)
     if found := continued_rows(summary):
         console.print(continued_table(*found))
+    for line in warning_lines(summary):
+        console.print(escape(line), highlight=False, soft_wrap=True)
     console.print(escape(target_contract_line(summary)))
     if line := test_line(summary):
         console.print(escape(line))
@@ -282,6 +286,8 @@ def export(
         f"evaluations of run {result['run']} ({result['status']}) in {to}"
     )
     console.print(line, highlight=False, markup=False, soft_wrap=True)
+    if result["view"]:  # the command that shows the copy
+        console.print(result["view"], highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command("export-mllog")

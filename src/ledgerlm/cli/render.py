@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ledgerlm.cli.ui import fmt_seconds
+from ledgerlm.ledger.events import warnings
 from ledgerlm.ledger.mixture import DOMAIN_COUNTER
 from ledgerlm.ledger.target import TimeToTarget
 
@@ -293,3 +294,13 @@ def mixture_table(rows: list[dict[str, Any]]) -> Table:
             "-" if r["exposure"] is None else f"{r['exposure']:.3g}",
         )
     return t
+
+
+def warning_lines(summary: dict[str, Any]) -> list[str]:
+    """The run's warning events (``ledger.events``), a line each: step, kind, message."""
+    found = warnings(summary)
+    lines = [f"events: {len(found)} warning{'s' if len(found) != 1 else ''}"] if found else []
+    for e in found:
+        at = f"step {e['step']} " if e["step"] is not None else ""
+        lines.append(f"  {at}{e['kind']}: {' '.join(str(e['message']).split())}")
+    return lines

@@ -240,6 +240,11 @@ class RichProgress:
     def __exit__(self, *exc: Any) -> None:
         self._progress.__exit__(*exc)
 
+    def note(self, line: str) -> None:
+        """One line on stderr, above the bars; escaped, since it may hold a path or a
+        library's message."""
+        self._progress.console.print(escape(line), highlight=False, soft_wrap=True)
+
     @contextmanager
     def task(self, description: str, total: float | None = None) -> Iterator[Any]:
         task_id = self._progress.add_task(escape(description), total=total, info="")

@@ -8,14 +8,15 @@ each phase starts where the previous one ended: the phases cover the run's wall 
 The recorder also feeds the run's sinks (``report.sinks``: TensorBoard, MLflow, W&B;
 opened by ``lab.sinks.open_sinks``): each per-update row once it is in the ledger, each
 evaluation once it is recorded. A sink that fails is written down as a ``sink_failed``
-event and dropped; training goes on.
+event, said once to the user (``note``: the console, through the command's progress),
+and dropped; training goes on.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -29,20 +30,29 @@ class LedgerRecorder(Recorder):
     """Writes what the trainer reports into ``ledger`` for ``run_id``.
 
     Every optimizer update becomes a ``steps`` row (tokens and targets of that update,
-    loss, grad norm, lr, and its seconds: since the previous update ended, evaluations
-    and checkpoints apart), buffered and written once per ``flush_every`` updates. Each
-    write is also the heartbeat of the open phase (``Ledger.beat``), so a process
-    killed mid-segment leaves the last time it was known alive. The buffer is therefore
+    loss, grad norm, lr, its seconds: since the previous update ended, evaluations and
+    checkpoints apart, and when it ended), buffered and written once per ``flush_every``
+    updates. Each write is also the heartbeat of the open phase (``Ledger.beat``), so a
+    process killed mid-segment leaves the last time it was known alive. The buffer is therefore
     also written at the first update of each newly opened phase and whenever
     ``flush_seconds`` passed since the last write: with evaluations cutting training
     into segments every ``flush_every`` updates, a count alone would beat each segment
     only just before it ends normally, never while it could be killed.
+
+    ``note`` receives the lines the user should see while the run goes on (where a sink's
+    copy goes, a sink that failed); by default nobody.
     """
 
     def __init__(
-        self, ledger: Ledger, run_id: str, flush_every: int = 1, flush_seconds: float = 2.0
+        self,
+        ledger: Ledger,
+        run_id: str,
+        flush_every: int = 1,
+        flush_seconds: float = 2.0,
+        note: Callable[[str], None] | None = None,
     ) -> None:
         self.ledger, self.run_id = ledger, run_id
+        self._note = note
         self.clock = PhaseClock(ledger, run_id)
         self.flush_every = max(1, flush_every)
         self.flush_seconds = flush_seconds
@@ -95,6 +105,7 @@ class LedgerRecorder(Recorder):
                 "grad_norm": s.grad_norm,
                 "lr": s.lr,
                 "seconds": seconds,  # since the previous update ended (evaluations apart)
+                "at": time.time(),  # when it ended: the wall time every sink stamps it with
             }
         )
         self._last = (s.step, s.tokens, s.targets)
@@ -133,12 +144,26 @@ class LedgerRecorder(Recorder):
     def event(self, kind: str, message: str, step: int | None = None) -> None:
         self.ledger.add_event(self.run_id, kind, message, step=step)
 
+    def note(self, line: str) -> None:
+        """Say ``line`` to the user now (the command's progress prints it), if anyone
+        listens."""
+        if self._note is not None:
+            self._note(line)
+
     # -- sinks --------------------------------------------------------------------------
 
     def sink_failed(self, name: str, exc: Exception) -> None:
-        """A sink raised: one line in the ledger (the sink is dropped by ``SinkSet``)."""
+        """A sink raised: one line in the ledger and one warning to the user (the sink is
+        dropped by ``SinkSet``)."""
         step = self._last[0] or None
-        self.ledger.add_event(self.run_id, "sink_failed", failure_line(name, exc), step=step)
+        line = failure_line(name, exc)
+        self.ledger.add_event(self.run_id, "sink_failed", line, step=step)
+        at = f" at step {step}" if step else ""
+        dest = " DIR" if name == "tensorboard" else ""
+        self.note(
+            f"warning: {line}; the {name} sink is dropped{at}, the ledger keeps every point "
+            f"(ledgerlm ledger export {self.run_id} --to {name}{dest} copies them)"
+        )
 
     def close(self) -> None:
         """Close the run's sinks, however the run ended: each gets the run's status in the

@@ -29,7 +29,7 @@ from ledgerlm.lab.run import (
     run_lock,
     train_run,
 )
-from ledgerlm.lab.sinks import open_sinks
+from ledgerlm.lab.sinks import check_sinks, open_sinks
 from ledgerlm.ledger.store import Ledger, LedgerError
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.tokens.shards import TokenStore
@@ -84,7 +84,8 @@ def resume_run(
                     f"restart from step 0, in the same ledger run: ledgerlm resume {run_id} "
                     "--restart"
                 )
-        recorder = LedgerRecorder(ledger, run_id)
+            check_sinks(load_recipe(run_dir / "recipe.toml"))  # before anything is written
+        recorder = LedgerRecorder(ledger, run_id, note=progress.note)
         with handoff.guard(), run_lock(run_dir):
             # The killed process's open phases end at their last heartbeat (a lower bound
             # of what it spent); only now, under the lock, is no live process writing them.

@@ -41,7 +41,7 @@ from ledgerlm.lab.build import (
 from ledgerlm.lab.continued import BeforeAfter, InitSource, find_version, init_source
 from ledgerlm.lab.mixture import plan, use_search
 from ledgerlm.lab.recorder import LedgerRecorder
-from ledgerlm.lab.sinks import open_sinks
+from ledgerlm.lab.sinks import check_sinks, open_sinks
 from ledgerlm.ledger.mixture import PLAN_EVENT
 from ledgerlm.ledger.store import Ledger, LedgerError
 from ledgerlm.mixture.plan import MixturePlan
@@ -332,6 +332,7 @@ def run_recipe(
         world = placed(world, recipe.train)
         check_contract(recipe, world)
         check_inputs(recipe.data_stage())  # a missing input writes nothing, not even the ledger
+        check_sinks(recipe)  # nor a sink whose library is missing
         if recipe.tokenizer.from_ is not None:
             tokenizer_file(recipe.tokenizer.from_)
         ledger = Ledger(workspace.ledger_path)
@@ -356,7 +357,9 @@ def run_recipe(
         charge_startup(ledger, run_id, launched_at)
     if search is not None:
         charge_search(ledger, run_id, search)
-    recorder = LedgerRecorder(ledger, run_id, flush_every=recipe.eval.every_steps)
+    recorder = LedgerRecorder(
+        ledger, run_id, flush_every=recipe.eval.every_steps, note=progress.note
+    )
     recorder.start("setup", what="run folder and recipe")
     run_dir = workspace.run_dir(run_id)
     try:

@@ -62,6 +62,9 @@ class _Named:
     def task(self, description: str, total: float | None = None) -> Any:
         return self.progress.task(f"{self.prefix} {description}", total)
 
+    def note(self, line: str) -> None:
+        self.progress.note(f"{self.prefix}: {line}")
+
 
 def run_sweep(
     base: Recipe,

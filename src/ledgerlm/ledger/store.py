@@ -32,8 +32,8 @@ from ledgerlm.ledger.target import time_to_target
 
 # 1: the first schema. 2: phases.beat_at (heartbeat of an open phase). 3:
 # evaluations.consumed_json (training tokens consumed per domain at the evaluation). 4:
-# steps.seconds (wall time of the update).
-SCHEMA_VERSION = 4
+# steps.seconds (wall time of the update). 5: steps.at (when the update ended, epoch s).
+SCHEMA_VERSION = 5
 RUN_STATUSES = ("running", "reached", "not reached", "failed")
 
 _META = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)"
@@ -76,6 +76,7 @@ _ADDED_COLUMNS = (
     ("phases", "beat_at", "REAL NULL"),
     ("evaluations", "consumed_json", "TEXT NULL"),
     ("steps", "seconds", "REAL NULL"),
+    ("steps", "at", "REAL NULL"),
 )
 
 
@@ -460,8 +461,9 @@ class Ledger:
             )
 
     def add_steps(self, run_id: str, rows: list[dict[str, float]]) -> None:
-        """Per-update records (tokens and targets of that update, loss, grad norm, lr, and
-        the update's wall time in ``seconds`` when known).
+        """Per-update records (tokens and targets of that update, loss, grad norm, lr, the
+        update's wall time in ``seconds`` and when it ended, ``at`` in epoch seconds, when
+        known).
 
         Callers buffer rows and write them in one transaction per evaluation interval,
         so recording every update costs one commit per interval, not per step.
@@ -472,7 +474,7 @@ class Ledger:
         with self._write() as conn:
             conn.executemany(
                 "INSERT OR REPLACE INTO steps(run_id, step, tokens, targets, loss, grad_norm, lr,"
-                " seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                " seconds, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         run_id,
@@ -483,6 +485,7 @@ class Ledger:
                         float(r["grad_norm"]),
                         float(r["lr"]),
                         None if r.get("seconds") is None else float(r["seconds"]),
+                        None if r.get("at") is None else float(r["at"]),
                     )
                     for r in rows
                 ],
@@ -492,7 +495,7 @@ class Ledger:
         return [
             dict(r)
             for r in self._conn.execute(
-                "SELECT step, tokens, targets, loss, grad_norm, lr, seconds FROM steps"
+                "SELECT step, tokens, targets, loss, grad_norm, lr, seconds, at FROM steps"
                 " WHERE run_id = ? ORDER BY step",
                 (run_id,),
             )

@@ -20,20 +20,32 @@ Names are the same in every sink, with the optimizer step as x:
 - the recipe's settings in effect as parameters: dotted keys (``train.lr``) for MLflow
   and in a TensorBoard text panel, the nested tree as W&B's config.
 
-Each library is imported when its sink is opened, so none is needed to train; a missing
-one names the extra that installs it. ``SinkSet`` keeps training independent of the
-sinks: a sink that raises is reported once and dropped for the rest of the run.
+Every point carries the wall time the ledger holds for it: an update's end (its row's
+``at``), an evaluation's ``created_at`` when replayed; a replayed MLflow run starts and
+ends when the ledger run did. So an export looks like the live copy, not like the
+minute it was made.
+
+Each library is imported when its sink is opened, so none is needed to train;
+``check_sink`` refuses a sink whose library is missing, naming the extra, before anything
+is written (a run checks its recipe's sinks with it, ``ledger export`` its ``--to``).
+``SinkSet`` keeps training independent of the sinks: a sink that raises is reported once
+and dropped for the rest of the run.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
-EXTRAS = {"tensorboard": "tensorboard", "mlflow": "mlflow-skinny", "wandb": "wandb"}
+from ledgerlm.config import LogConfig
+from ledgerlm.extras import available, missing_message
+
+# the sinks a recipe may name; each is also the module its library installs and the extra
+KINDS: tuple[str, ...] = get_args(get_args(LogConfig.model_fields["sinks"].annotation)[0])
 MESSAGE_CHARS = 1000  # a failure's message is kept to one line of at most this
 
 
@@ -43,18 +55,31 @@ class SinkError(ValueError):
     A ``ValueError`` so that the command line reports it as one line, like a bad input."""
 
 
+def check_sink(kind: str, field: str = "log.sinks") -> None:
+    """Refuse the ``kind`` sink before anything is written: an unknown name, or a library
+    that is not installed, is a one-line ``SinkError`` that starts with ``field`` (where
+    the name was given) and names the extra that installs it. Cheap: nothing is imported."""
+    if kind not in KINDS:
+        raise SinkError(f"{field}: unknown sink {kind!r} (sinks: {', '.join(KINDS)})")
+    if not available(kind):
+        raise SinkError(f"{field}: {missing_message(kind, kind)}")
+
+
 class Sink(Protocol):
-    """What the ledger's series are copied to. ``where`` says where they go, for people."""
+    """What the ledger's series are copied to. ``where`` says where they go, for people;
+    ``view`` is a command line that shows the copy, when there is one."""
 
     name: str
     where: str
+    view: str | None
 
     def log_params(self, params: dict[str, Any]) -> None:
         """The resolved recipe as the ledger stores it (``Recipe.to_dict``), less the
         settings nothing reads (``config.settings_in_effect``)."""
 
     def log_step(self, row: dict[str, Any]) -> None:
-        """One per-update row as the ledger holds it (``Ledger.steps``)."""
+        """One per-update row as the ledger holds it (``Ledger.steps``), stamped with its
+        ``at`` (epoch seconds; now when None)."""
 
     def log_evaluation(self, record: dict[str, Any]) -> None:
         """One evaluation: ``step`` and ``metrics`` (and ``created_at`` when replayed)."""
@@ -62,8 +87,9 @@ class Sink(Protocol):
     def flush(self) -> None:
         """Send what is buffered."""
 
-    def close(self, status: str = "reached") -> None:
-        """End the copy; ``status`` is the run's status in the ledger."""
+    def close(self, status: str = "reached", ended_at: float | None = None) -> None:
+        """End the copy; ``status`` is the run's status in the ledger, ``ended_at`` when
+        the run ended (epoch seconds; now when None)."""
 
 
 def failure_line(name: str, exc: BaseException) -> str:
@@ -74,10 +100,13 @@ def failure_line(name: str, exc: BaseException) -> str:
 
 
 def missing(kind: str, exc: ImportError) -> SinkError:
-    return SinkError(
-        f"the {kind} sink needs {EXTRAS[kind]} ({' '.join(str(exc).split())}): "
-        f"pip install 'ledgerlm[{kind}]'"
-    )
+    """A library found by ``check_sink`` that still cannot be imported."""
+    return SinkError(f"{missing_message(kind, f'the {kind} sink')} ({' '.join(str(exc).split())})")
+
+
+def _ms(at: float | None) -> int:
+    """Epoch seconds (now when None) as MLflow's epoch milliseconds."""
+    return round(1000 * (time.time() if at is None else at))
 
 
 def flat_params(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -135,6 +164,7 @@ class TensorBoardSink:
         except ImportError as exc:
             raise missing("tensorboard", exc) from None
         self.where = str(logdir)
+        self.view = f"tensorboard --logdir {shlex.quote(self.where)}"
         self._writer = SummaryWriter(log_dir=str(logdir))
 
     def log_params(self, params: dict[str, Any]) -> None:
@@ -142,8 +172,9 @@ class TensorBoardSink:
         self._writer.add_text("recipe", "\n".join(lines), global_step=0)
 
     def log_step(self, row: dict[str, Any]) -> None:
+        at = row.get("at")
         for tag, value in step_scalars(row).items():
-            self._writer.add_scalar(tag, value, global_step=int(row["step"]))
+            self._writer.add_scalar(tag, value, global_step=int(row["step"]), walltime=at)
 
     def log_evaluation(self, record: dict[str, Any]) -> None:
         at = record.get("created_at")
@@ -153,7 +184,7 @@ class TensorBoardSink:
     def flush(self) -> None:
         self._writer.flush()
 
-    def close(self, status: str = "reached") -> None:
+    def close(self, status: str = "reached", ended_at: float | None = None) -> None:
         self._writer.close()
 
 
@@ -168,12 +199,17 @@ class MLflowSink:
     """An MLflow run named by the ledger run's id in ``experiment``, through an explicit
     ``MlflowClient(uri)`` (``None``: ``MLFLOW_TRACKING_URI`` or MLflow's default).
 
-    With ``resume``, the live copy of a run that is resumed continues the MLflow run its
-    first process made (found by its tags); an export always makes a new one. Metrics are
-    buffered and sent in batches at each ``flush``.
+    One MLflow run per ledger run and ``source``: the live copy (``"training"``) and the
+    replay (``"export"``), found again by their tags. A resumed run's live copy
+    continues the run its first process made; a second export of a run updates the
+    first export's run and sends only the points it lacks (each point is known by its
+    step and time, which a replay takes from the ledger), so exporting twice leaves one
+    run holding each point once. A new run starts at ``started_at`` (epoch seconds; now
+    when None). Metrics are buffered and sent in batches at each ``flush``.
     """
 
     name = "mlflow"
+    view = None
     BATCH = 1000  # metrics per request (MLflow's limit)
     PARAMS = 100  # params per request (MLflow's limit)
 
@@ -183,7 +219,8 @@ class MLflowSink:
         *,
         uri: str | None = None,
         experiment: str = "ledgerlm",
-        resume: bool = True,
+        source: Literal["training", "export"] = "training",
+        started_at: float | None = None,
     ) -> None:
         try:
             from mlflow.entities import Metric, Param
@@ -194,30 +231,44 @@ class MLflowSink:
         self.client = client = MlflowClient(uri)
         found = client.get_experiment_by_name(experiment)
         experiment_id = found.experiment_id if found else client.create_experiment(experiment)
-        source = "training" if resume else "export"
-        earlier = []
-        if resume:
-            earlier = client.search_runs(
-                [experiment_id],
-                filter_string=(
-                    f"tags.`{RUN_TAG}` = '{run_id}' and tags.`{SOURCE_TAG}` = '{source}'"
-                ),
-                max_results=1,
-            )
+        earlier = client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.`{RUN_TAG}` = '{run_id}' and tags.`{SOURCE_TAG}` = '{source}'",
+            max_results=1,
+        )
+        # (step, ms) of each metric's points already in the run: None for a new run
+        self._sent: dict[str, set[tuple[int, int]]] | None = None
         if earlier:
             self.mlflow_run_id = earlier[0].info.run_id
             client.update_run(self.mlflow_run_id, status="RUNNING")
+            self._sent = {}
         else:
             run = client.create_run(
-                experiment_id, run_name=run_id, tags={RUN_TAG: run_id, SOURCE_TAG: source}
+                experiment_id,
+                start_time=None if started_at is None else _ms(started_at),
+                run_name=run_id,
+                tags={RUN_TAG: run_id, SOURCE_TAG: source},
             )
             self.mlflow_run_id = run.info.run_id
         self.where = f"{client.tracking_uri} (experiment {experiment}, run {self.mlflow_run_id})"
         self._pending: list[Any] = []
 
-    def _add(self, scalars: dict[str, float], step: int, at: float | None = None) -> None:
-        ms = int(1000 * (time.time() if at is None else at))
+    def _add(self, scalars: dict[str, float], step: int, at: float | None) -> None:
+        ms = _ms(at)
         self._pending.extend(self._metric(k, v, ms, step) for k, v in scalars.items())
+
+    def _new(self, metric: Any) -> bool:
+        """Whether the run lacks this point (always, for a run this sink created)."""
+        if self._sent is None:
+            return True
+        if metric.key not in self._sent:
+            history = self.client.get_metric_history(self.mlflow_run_id, metric.key)
+            self._sent[metric.key] = {(m.step, m.timestamp) for m in history}
+        point = (metric.step, metric.timestamp)
+        if point in self._sent[metric.key]:
+            return False
+        self._sent[metric.key].add(point)
+        return True
 
     def log_params(self, params: dict[str, Any]) -> None:
         pairs = [self._param(k, v) for k, v in flat_params(params).items()]
@@ -225,24 +276,30 @@ class MLflowSink:
             self.client.log_batch(self.mlflow_run_id, params=chunk)
 
     def log_step(self, row: dict[str, Any]) -> None:
-        self._add(step_scalars(row), int(row["step"]))
+        self._add(step_scalars(row), int(row["step"]), row.get("at"))
 
     def log_evaluation(self, record: dict[str, Any]) -> None:
         self._add(evaluation_scalars(record), int(record["step"]), record.get("created_at"))
 
     def flush(self) -> None:
-        pending, self._pending = self._pending, []
+        pending, self._pending = [m for m in self._pending if self._new(m)], []
         for chunk in _chunks(pending, self.BATCH):
             self.client.log_batch(self.mlflow_run_id, metrics=chunk)
 
-    def close(self, status: str = "reached") -> None:
+    def close(self, status: str = "reached", ended_at: float | None = None) -> None:
         self.flush()
         self.client.set_tag(self.mlflow_run_id, STATUS_TAG, status)
         ended = {"failed": "FAILED", "running": "KILLED"}.get(status, "FINISHED")
-        self.client.set_terminated(self.mlflow_run_id, ended)
+        self.client.set_terminated(self.mlflow_run_id, ended, end_time=_ms(ended_at))
 
 
 # -- Weights & Biases ---------------------------------------------------------------------
+
+
+def wandb_id(run_id: str, source: str = "training") -> str:
+    """The W&B run id of a ledger run's copy: the live copy's is the run id, an export's
+    ``<run id>-export``; fixed, so a resume or a second export updates the same W&B run."""
+    return run_id if source == "training" else f"{run_id}-export"
 
 
 class WandbSink:
@@ -251,9 +308,11 @@ class WandbSink:
     The optimizer step is logged as the metric ``step`` and every ``train/*``, ``val/*``
     and ``val_domain/*`` series is plotted against it (``define_metric``), rather than passed as
     ``run.log(..., step=)``: W&B drops a point whose step is below one already logged,
-    and an asynchronous evaluation is recorded after later updates were. With ``resume``
-    the W&B run's id is the ledger run's, so a resumed run continues it; an export gets
-    a new one. Console capture is off: the terminal stays the lab's.
+    and an asynchronous evaluation is recorded after later updates were. Each row keeps
+    the ledger's time as its ``_timestamp``. The W&B run's id is ``wandb_id`` with
+    ``resume="allow"``: a resumed run continues its live copy and a second export its
+    first export (offline, each process still writes its own folder, of that same run
+    id, for ``wandb sync``). Console capture is off: the terminal stays the lab's.
     """
 
     name = "wandb"
@@ -265,7 +324,7 @@ class WandbSink:
         project: str = "ledgerlm",
         folder: Path,
         mode: str | None = None,
-        resume: bool = True,
+        source: Literal["training", "export"] = "training",
     ) -> None:
         try:
             import wandb
@@ -277,8 +336,8 @@ class WandbSink:
             dir=str(folder),
             mode=mode,
             name=run_id,
-            id=run_id if resume else None,
-            resume="allow" if resume else None,
+            id=wandb_id(run_id, source),
+            resume="allow",
             reinit="create_new",  # never the caller's own run, never finishing it
             settings=wandb.Settings(console="off"),
         )
@@ -288,20 +347,25 @@ class WandbSink:
         self.where = str(
             Path(self.run.dir).parent
         )  # <folder>/wandb/<offline-run or run>-<time>-<id>
+        self.view = f"wandb sync {shlex.quote(self.where)}" if self.run.offline else self.run.url
+
+    def _log(self, step: int, scalars: dict[str, float], at: float | None) -> None:
+        stamp = {} if at is None else {"_timestamp": float(at)}
+        self.run.log({"step": step, **stamp, **scalars})
 
     def log_params(self, params: dict[str, Any]) -> None:
         self.run.config.update(params, allow_val_change=True)
 
     def log_step(self, row: dict[str, Any]) -> None:
-        self.run.log({"step": int(row["step"]), **step_scalars(row)})
+        self._log(int(row["step"]), step_scalars(row), row.get("at"))
 
     def log_evaluation(self, record: dict[str, Any]) -> None:
-        self.run.log({"step": int(record["step"]), **evaluation_scalars(record)})
+        self._log(int(record["step"]), evaluation_scalars(record), record.get("created_at"))
 
     def flush(self) -> None:
         pass  # run.log hands each row to W&B's own process at once
 
-    def close(self, status: str = "reached") -> None:
+    def close(self, status: str = "reached", ended_at: float | None = None) -> None:
         self.run.summary["ledger_status"] = status
         self.run.finish(exit_code=1 if status == "failed" else 0)
 

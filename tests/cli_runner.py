@@ -26,3 +26,31 @@ def ledgerlm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     if check and proc.returncode != 0:
         raise AssertionError(f"ledgerlm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+# What an install without an extra looks like to Python: a finder first on the meta
+# path that refuses the package and its modules, as a missing one is refused.
+BLOCKER = """
+import sys
+
+class Missing:
+    def find_spec(self, name, path=None, target=None):
+        if any(name == m or name.startswith(m + ".") for m in {modules!r}):
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+sys.meta_path.insert(0, Missing())
+"""
+
+
+def ledgerlm_without(
+    modules: tuple[str, ...], root: Path, *args: str
+) -> subprocess.CompletedProcess:
+    """The console script in an interpreter that cannot import ``modules`` (a
+    ``sitecustomize`` on ``PYTHONPATH``, written under ``root``, installs the finder)."""
+    folder = root / "without"
+    folder.mkdir(exist_ok=True)
+    (folder / "sitecustomize.py").write_text(BLOCKER.format(modules=modules))
+    env = {**os.environ, "PYTHONPATH": str(folder), "COLUMNS": "200"}
+    exe = Path(sys.executable).with_name("ledgerlm")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600, env=env)

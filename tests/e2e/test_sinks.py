@@ -9,10 +9,7 @@ anything is written; sinks that fail, and a run that fails, never losing the led
 from __future__ import annotations
 
 import json
-import os
 import struct
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from cli_runner import ledgerlm_without
 from ledgerlm.ledger.store import Ledger
 
 from .conftest import TINY, ledgerlm
@@ -342,35 +340,11 @@ def test_the_sinks_of_a_failing_run_are_closed_with_what_the_ledger_holds(tmp_pa
     assert events(summary, "sinks")  # closed (and timed) after the error
 
 
-# What an install without a sink's extra looks like to Python: a finder first on the
-# meta path that refuses the package and its modules, as a missing one is refused.
-BLOCKER = """
-import sys
-
-class Missing:
-    def find_spec(self, name, path=None, target=None):
-        if any(name == m or name.startswith(m + ".") for m in {modules!r}):
-            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
-        return None
-
-sys.meta_path.insert(0, Missing())
-"""
 BLOCKED = {
     "tensorboard": ("tensorboard", "torch.utils.tensorboard"),
     "mlflow": ("mlflow",),
     "wandb": ("wandb",),
 }
-
-
-def ledgerlm_without(modules: tuple[str, ...], root: Path, *args: str) -> Any:
-    """The console script in an interpreter that cannot import ``modules`` (a
-    ``sitecustomize`` on ``PYTHONPATH`` installs the finder)."""
-    folder = root / "without"
-    folder.mkdir(exist_ok=True)
-    (folder / "sitecustomize.py").write_text(BLOCKER.format(modules=modules))
-    env = {**os.environ, "PYTHONPATH": str(folder), "COLUMNS": "200"}
-    exe = Path(sys.executable).with_name("ledgerlm")
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600, env=env)
 
 
 def _refused(proc: Any, line: str) -> None:

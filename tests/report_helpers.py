@@ -139,6 +139,16 @@ return Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => {
 """
 
 
+def wait_for(condition, timeout: float = 5.0) -> bool:
+    """Whether ``condition()`` came true within ``timeout`` seconds (polled)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def drawn_figures(driver, expected: int, timeout: float = 10.0) -> list[dict[str, Any]]:
     """What plotly drew (see ``_DRAWN``), once ``expected`` graphs have their SVG."""
     deadline = time.monotonic() + timeout
@@ -149,3 +159,79 @@ def drawn_figures(driver, expected: int, timeout: float = 10.0) -> list[dict[str
     while driver.execute_script(script) < expected and time.monotonic() < deadline:
         time.sleep(0.1)
     return driver.execute_script(_DRAWN)
+
+
+# Per plotly graph on the page: the boxes (viewport pixels) of its figure, its plot area
+# and its legend, and of each piece of text or control drawn around the plot: legend
+# entries, the linear/log buttons, plotly's toolbar (the modebar, drawn whether or not
+# the mouse is over it), axis titles, tick labels, annotations and shape labels.
+_PIECES = """
+const pieces = [
+  ['legend entry', '.legend .traces'], ['button', '.updatemenu-button'],
+  ['modebar', '.modebar'], ['x title', '.g-xtitle text'], ['y title', '.g-ytitle text'],
+  ['x tick', '.xtick text'], ['y tick', '.ytick text'], ['annotation', '.annotation'],
+  ['shape label', '.shapelayer text'],
+];
+const box = el => {
+  const b = el.getBoundingClientRect();
+  return {l: b.left, t: b.top, r: b.right, b: b.bottom};
+};
+return Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => {
+  const items = [];
+  for (const [kind, selector] of pieces) {
+    gd.querySelectorAll(selector).forEach(el => {
+      const b = box(el);
+      if (b.r > b.l && b.b > b.t) items.push({kind, text: el.textContent, ...b});
+    });
+  }
+  const legend = gd.querySelector('.legend rect.bg');
+  return {name: gd.dataset.figure, figure: box(gd),
+          plot: box(gd.querySelector('.draglayer .nsewdrag')),
+          legend: legend ? box(legend) : null, items};
+});
+"""
+# Pieces that must sit inside the plot area (the others sit around it, never on it).
+ON_PLOT = {"annotation", "shape label"}
+AROUND = {"legend entry", "button", "modebar"}
+
+
+def _inside(a: dict, b: dict, tol: float = 0.5) -> bool:
+    return all(
+        (a[k] >= b[k] - tol) if k in "lt" else (a[k] <= b[k] + tol) for k in ("l", "t", "r", "b")
+    )
+
+
+def _overlap(a: dict, b: dict, tol: float = 0.5) -> bool:
+    return (
+        min(a["r"], b["r"]) - max(a["l"], b["l"]) > tol
+        and min(a["b"], b["b"]) - max(a["t"], b["t"]) > tol
+    )
+
+
+def layout_faults(driver) -> list[str]:
+    """Each way the drawn figures fail to read cleanly, as a sentence; none is clean.
+
+    A piece (see ``_PIECES``) is cut when it leaves its figure's box, a legend entry when
+    it leaves the legend's box too (a scrolling legend hides it), an annotation or a
+    shape label when it leaves the plot area; legend entries, buttons and the toolbar
+    must not cover the plot area; and no two pieces may overlap."""
+    faults = []
+    for fig in driver.execute_script(_PIECES):
+        name, items = fig["name"], fig["items"]
+        for it in items:
+            what = f"{name}: {it['kind']} {it['text']!r}"
+            if not _inside(it, fig["figure"]):
+                faults.append(f"{what} is cut by its figure")
+            if it["kind"] == "legend entry" and not _inside(it, fig["legend"]):
+                faults.append(f"{what} is cut by the legend")
+            if it["kind"] in ON_PLOT and not _inside(it, fig["plot"]):
+                faults.append(f"{what} is outside the plot area")
+            if it["kind"] in AROUND and _overlap(it, fig["plot"]):
+                faults.append(f"{what} covers the plot area")
+        for i, a in enumerate(items):
+            for b in items[i + 1 :]:
+                if _overlap(a, b):
+                    faults.append(
+                        f"{name}: {a['kind']} {a['text']!r} overlaps {b['kind']} {b['text']!r}"
+                    )
+    return faults

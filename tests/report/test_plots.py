@@ -12,11 +12,14 @@ import pytest
 
 from ledgerlm.report.plots import (
     CONFIG,
+    HEIGHT,
     axis,
     e,
     figure,
     figure_html,
     layout,
+    legend_height,
+    lines,
     log_y_buttons,
     page,
     run_dash,
@@ -38,6 +41,33 @@ def test_escaping_for_html_and_for_plotly_text() -> None:
     assert e('<a href="x">&') == "&lt;a href=&quot;x&quot;&gt;&amp;"
     assert t('<a href="x">&') == '&lt;a href="x"&gt;&amp;'  # plotly text has no attributes
     assert t(3) == "3"
+
+
+def test_long_text_is_wrapped_and_escaped_per_line() -> None:
+    assert lines("short") == "short"
+    assert lines("a-20261201-210630-9a69", 20) == "a-20261201-210630-<br>9a69"  # after a hyphen
+    assert lines("<b>x</b> & <i>y</i>", 10) == "&lt;b&gt;x&lt;/b&gt; &amp;<br>&lt;i&gt;y&lt;/i&gt;"
+    assert lines("x" * 25, 10) == "xxxxxxxxxx<br>xxxxxxxxxx<br>xxxxx"  # a word too long
+    assert lines("") == ""
+
+
+def test_a_figure_grows_with_its_legend() -> None:
+    def fig(*names: str, shapes=()):
+        data = [{"type": "scatter", "x": [1], "y": [1], "name": n} for n in names]
+        return figure(data, layout(axis("tokens"), axis("loss (nat/token)"), shapes=list(shapes)))
+
+    one = fig("run")
+    assert one.layout.showlegend is False and one.layout.height == HEIGHT  # nothing to tell
+    target = {"type": "line", "y0": 1, "y1": 1, "name": "target 1", "showlegend": True}
+    both = fig("run", shapes=[target])
+    assert both.layout.showlegend is True
+    assert both.layout.height == HEIGHT + legend_height(["run", "target 1"], 1e9)  # one row
+    many = fig(*(lines(f"run {i} " + "x" * 50) for i in range(6)))
+    assert many.layout.height > both.layout.height + 6 * 2 * 16  # six entries of 2 lines
+    # plotly's packing: each entry as wide as the widest once they do not fit on a row
+    assert legend_height(["a", "b", "c"], 1e9) == legend_height(["a"], 1e9)
+    assert legend_height(["a", "b", "c" * 30], 300) == 3 * legend_height(["a"], 300)
+    assert legend_height([], 300) == 0
 
 
 def test_a_figure_travels_as_json_no_string_can_break_out_of() -> None:

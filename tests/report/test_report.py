@@ -8,7 +8,6 @@ import html
 import json
 import math
 import re
-import time
 from functools import partial
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from cli_runner import ledgerlm
 from ledgerlm.ledger import Ledger
 from ledgerlm.ledger.compare import NO_TEST, RULE
+from ledgerlm.report.plots import LOG_TICKS, lines
 from ledgerlm.report.run_report import (
     MAX_POINTS,
     SMOOTHING,
@@ -37,8 +37,10 @@ from report_helpers import (
     figures,
     has_unit,
     headless_chromium,
+    layout_faults,
     plotlyjs,
     traces,
+    wait_for,
     without_plotlyjs,
 )
 from seed_ledger import TARGETS_PER_STEP, TOKENS_PER_STEP, seed_run
@@ -151,8 +153,13 @@ def test_text_from_the_ledger_is_escaped(page: str, specs, summaries) -> None:
     # In plotly text the run id and its recipe value are entities, shown verbatim.
     (series,) = [tr for tr in traces(specs["val-tokens"], "series") if tr["meta"]["run"]
                  == esc(evil_id)]  # fmt: skip
-    assert series["name"] == esc("data.domain=<img src=x onerror=alert(2)>, train.seed=1, "
-                                 "train.lr=unset")  # fmt: skip
+    assert (
+        series["name"]
+        == esc("data.domain=<img src=x")
+        + "<br>"
+        + esc("onerror=alert(2)>, train.seed=1,")
+        + "<br>train.lr=unset"
+    )  # wrapped, escaped per line
     assert "%{meta.run}" in series["hovertemplate"]  # ledger text is never in a template
     for spec in specs.values():
         for tr in spec["data"]:
@@ -184,7 +191,9 @@ def test_target_line_on_each_loss_chart(specs) -> None:
         assert target["y0"] == target["y1"] == 3.0
         assert (target["xref"], target["x0"], target["x1"]) == ("paper", 0, 1)
         assert target["line"]["dash"] == "dash"
-        assert target["label"]["text"] == "target 3"
+        # named in the legend, not by a label that could sit outside the plot
+        assert (target["name"], target["showlegend"]) == ("target 3", True)
+        assert "label" not in target
         # A confirms at exactly 3.0: its last point sits on the line.
         assert traces(specs[name], "series")[0]["y"][-1] == target["y0"]
 
@@ -377,12 +386,12 @@ def test_legends_carry_the_labels(specs, summaries) -> None:
         "data.domain=web, train.seed=0, train.lr=0.001 (slow)",
         "data.domain=<img src=x onerror=alert(2)>, train.seed=1, train.lr=unset",
     ]
-    for name in VALIDATION:
+    for name in [*VALIDATION, *PER_UPDATE]:
         shown = [tr["name"] for tr in specs[name]["data"] if tr.get("showlegend", True)]
-        assert shown == [esc(label) for label in labels]
-    for name in PER_UPDATE:
-        shown = [tr["name"] for tr in specs[name]["data"] if tr.get("showlegend", True)]
-        assert shown == [esc(label) for label in labels]
+        assert shown == [lines(label) for label in labels]
+        assert specs[name]["layout"]["showlegend"] is True
+    assert lines(labels[3]) == esc("data.domain=<img src=x") + "<br>" + esc(
+        "onerror=alert(2)>, train.seed=1,") + "<br>train.lr=unset"  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- axes, switches
@@ -413,12 +422,12 @@ def test_units_on_every_axis_of_every_figure(specs) -> None:
 def test_log_y_switch_on_the_loss_panels(specs) -> None:
     for name, spec in specs.items():
         menus = spec["layout"].get("updatemenus", [])
-        if name in (*VALIDATION, "train-loss", "grad-norm"):
+        if name in (*VALIDATION, "train-loss", "lr", "grad-norm"):
             (menu,) = menus
             assert [b["label"] for b in menu["buttons"]] == ["linear y", "log y"]
             assert [b["args"] for b in menu["buttons"]] == [
-                [{"yaxis.type": "linear"}],
-                [{"yaxis.type": "log"}],
+                [{"yaxis.type": "linear", "yaxis.nticks": 0}],
+                [{"yaxis.type": "log", "yaxis.nticks": LOG_TICKS}],
             ]
         else:
             assert menus == [], name
@@ -462,8 +471,12 @@ def test_phase_bars(specs, summaries) -> None:
     assert ttt["y"] == [esc(ids_of(summaries)[i]) for i in (0, 1, 3)]
     assert ttt["x"] == [s["time_to_target"]["seconds"] for i, s in enumerate(summaries)
                         if i != 2]  # fmt: skip
-    (missed,) = spec["layout"]["annotations"]
-    assert (missed["text"], missed["y"]) == ("target not reached", 2)  # "slow"
+    # "slow" missed its target: a cross at the end of its bar, named in the legend
+    (missed,) = traces(spec, "missed")
+    assert missed["name"] == "target not reached"
+    assert missed["y"] == [esc(ids_of(summaries)[2])]
+    assert missed["x"] == [pytest.approx(sum(summaries[2]["phase_totals"].values()))]
+    assert "annotations" not in spec["layout"]
 
 
 def test_comparison_table_and_rules(page: str) -> None:
@@ -519,7 +532,8 @@ def test_report_renders_in_headless_chromium(page: str, specs, summaries, tmp_pa
             assert d["ytitle"] == [html.unescape(titles["yaxis"])], d["name"]
         by_name = {d["name"]: d for d in drawn}
         for name in VALIDATION:
-            assert by_name[name]["legend"] == labels  # markup shown as text
+            # markup shown as text (a long label on several lines)
+            assert [squash(x) for x in by_name[name]["legend"][:-1]] == list(map(squash, labels))
             markers = [s["points"] for s in by_name[name]["scatter"] if s["role"] == "series"]
             assert markers == [len(s["evaluations"]) for s in summaries]
             assert by_name[name]["buttons"] == ["linear y", "log y"]
@@ -578,10 +592,55 @@ def test_report_renders_in_headless_chromium(page: str, specs, summaries, tmp_pa
         driver.quit()
 
 
-def wait_for(condition, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
+@pytest.mark.parametrize("width", [400, 1400])
+def test_nothing_overlaps_or_is_cut(page: str, specs, summaries, tmp_path, width: int) -> None:
+    """Four runs with long legend labels and run ids (one a script): at a 400 px window
+    as at 1,400, no legend entry, button, toolbar, axis title or tick label overlaps
+    another or leaves its figure."""
+    path = tmp_path / "report.html"
+    path.write_text(page, encoding="utf-8")
+    driver = headless_chromium()
+    try:
+        driver.set_window_size(width, 1000)
+        driver.get(path.as_uri())
+        drawn = drawn_figures(driver, len(specs))
+        assert [d["name"] for d in drawn] == list(specs)
+        assert layout_faults(driver) == []
+        # every entry is drawn: the run labels, the target line, the phases and marks
+        legend = {d["name"]: d["legend"] for d in drawn}
+        assert len(legend["val-tokens"]) == len(summaries) + 1
+        assert legend["phases"][-2:] == ["time to target", "target not reached"]
+    finally:
+        driver.quit()
+
+
+def test_a_sweep_keeps_every_legend_entry(tmp_path) -> None:
+    """Twelve runs, each labelled by three recipe keys: at 400 px the legends are taller
+    than half their figures, and still none scrolls an entry out of sight."""
+    with Ledger(tmp_path / "ledger.db") as led:
+        recipes = [
+            {"train": {"lr": 10 ** (-4 + i / 4), "seed": i}, "model": {"d_model": 64 * (1 + i % 3)}}
+            for i in range(12)
+        ]
+        ids = [
+            seed_run(led, f"sweep-{i}", r, steps=1000, sec_per_step=1.0, cross_step=800 + 50 * i)
+            for i, r in enumerate(recipes)
+        ]
+        sweep = render_report([led.run_summary(r) for r in ids])
+    path = tmp_path / "report.html"
+    path.write_text(sweep, encoding="utf-8")
+    driver = headless_chromium()
+    try:
+        driver.set_window_size(400, 1000)
+        driver.get(path.as_uri())
+        drawn = drawn_figures(driver, len(figures(sweep)))
+        assert [len(d["legend"]) for d in drawn][:3] == [12 + 1] * 3  # and the target
+        assert layout_faults(driver) == []
+    finally:
+        driver.quit()
+
+
+def squash(text: str) -> str:
+    """``text`` without its whitespace: a wrapped label reads back without the spaces it
+    was broken at."""
+    return "".join(text.split())

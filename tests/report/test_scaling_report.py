@@ -23,6 +23,7 @@ from report_helpers import (
     figures,
     has_unit,
     headless_chromium,
+    layout_faults,
     traces,
     without_plotlyjs,
 )
@@ -340,3 +341,17 @@ def test_renders_in_headless_chromium(which: str, request, driver, tmp_path: Pat
     # The check can fail: an error on the console is seen by the same log.
     driver.execute_script("console.error('probe')")
     assert any("probe" in e["message"] for e in driver.get_log("browser"))
+
+
+def test_nothing_overlaps_at_400_px(page: str, driver, tmp_path: Path) -> None:
+    """No legend entry, button, axis title or tick label overlaps another or leaves its
+    figure in a 400 px window."""
+    path = tmp_path / "scaling.html"
+    path.write_text(page, encoding="utf-8")
+    driver.set_window_size(400, 1000)
+    try:
+        driver.get(path.as_uri())
+        drawn_figures(driver, len(figures(page)))
+        assert layout_faults(driver) == []
+    finally:
+        driver.set_window_size(1280, 1000)

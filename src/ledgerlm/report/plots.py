@@ -28,6 +28,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import textwrap
 from typing import Any
 
 RUN_COLORS = (
@@ -48,7 +49,34 @@ CONFIG = {
     "displaylogo": False,
     "modeBarButtonsToRemove": ["select2d", "lasso2d"],
 }
-LEGEND = {"orientation": "h", "x": 0, "xanchor": "left", "y": -0.2, "yanchor": "top"}
+# The legend runs along the figure's bottom edge, under the x axis title, and the bottom
+# margin grows to hold it: at any width, its entries wrap into rows and none is cut.
+LEGEND = {
+    "orientation": "h",
+    "xref": "container",
+    "x": 0,
+    "xanchor": "left",
+    "yref": "container",
+    "y": 0,
+    "yanchor": "bottom",
+    "maxheight": 10_000,  # pixels: never a scrolling legend, whose hidden entries are lost
+    "itemsizing": "constant",  # every symbol one size: a big marker would overlap a row
+}
+# The top margin: plotly's toolbar (the modebar) on a first row, at the right; with a
+# linear/log switch, the switch on a second row below it, so neither covers the other.
+TOP = 40
+TOP_WITH_SWITCH = 80
+# Ticks asked of a log axis: with more, plotly labels every digit within a decade, and
+# those labels overlap the decade's own ("9" on "1e-3") on a plot of a few decades.
+LOG_TICKS = 3
+WRAP = 36  # characters per line of a legend entry or a category label (fits 400 px)
+# What a legend takes at a 400 px window, where its rows are narrowest: the figure grows
+# by that much (see :func:`figure`). Generous estimates of plotly's own sizes at 12 px.
+NARROW = 350  # px: a figure's width in a 400 px window (the page's padding and scroll bar)
+CHAR = 7.0  # px: a character of legend text
+LINE = 16  # px: a line of legend text
+LEGEND_SYMBOL = 46  # px: an entry's symbol and the gap after it
+LEGEND_PAD = 6  # px: above and below a row
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
 
 # Hands each figure's JSON block to plotly; figures whose block fails to draw say so on
@@ -93,6 +121,13 @@ def t(value: Any) -> str:
     return html.escape(str(value), quote=False)
 
 
+def lines(value: Any, width: int = WRAP) -> str:
+    """Plotly text for ``value`` (escaped as by :func:`t`) in lines of at most ``width``
+    characters, broken at spaces, after hyphens, else inside a word: plotly never wraps
+    a legend entry or a tick label, so a long one would run off a narrow figure."""
+    return "<br>".join(t(part) for part in textwrap.wrap(str(value), width) or [""])
+
+
 def run_color(index: int) -> str:
     return RUN_COLORS[index % len(RUN_COLORS)]
 
@@ -116,8 +151,9 @@ def axis(title: str, *, log: bool = False, **extra: Any) -> dict[str, Any]:
 
 
 def log_y_buttons() -> list[dict[str, Any]]:
-    """``updatemenus`` with a linear / log switch of the y axis, above the plot's left
-    corner (plotly's own zoom and pan buttons sit above its right one)."""
+    """``updatemenus`` with a linear / log switch of the y axis (a log axis with
+    ``LOG_TICKS`` ticks), just above the plot's left corner: the second row of the top
+    margin (``TOP_WITH_SWITCH``), under the row of plotly's own toolbar."""
     return [
         {
             "type": "buttons",
@@ -131,8 +167,16 @@ def log_y_buttons() -> list[dict[str, Any]]:
             "pad": {"r": 0, "t": 0, "b": 0, "l": 0},
             "font": {"size": 11},
             "buttons": [
-                {"label": "linear y", "method": "relayout", "args": [{"yaxis.type": "linear"}]},
-                {"label": "log y", "method": "relayout", "args": [{"yaxis.type": "log"}]},
+                {
+                    "label": "linear y",
+                    "method": "relayout",
+                    "args": [{"yaxis.type": "linear", "yaxis.nticks": 0}],  # 0: plotly's own
+                },
+                {
+                    "label": "log y",
+                    "method": "relayout",
+                    "args": [{"yaxis.type": "log", "yaxis.nticks": LOG_TICKS}],
+                },
             ],
         }
     ]
@@ -146,13 +190,15 @@ def layout(
     height: int = HEIGHT,
     **extra: Any,
 ) -> dict[str, Any]:
-    """A figure's layout: autosized width, the legend under the plot, full trace names
-    in hover labels, and (``log_toggle``) the linear/log switch of the y axis."""
+    """A figure's layout: autosized width, the legend along the bottom edge, full trace
+    names in hover labels, and (``log_toggle``) the linear/log switch of the y axis.
+    Axis titles, tick labels and the legend push the margins out (automargin)."""
+    top = TOP_WITH_SWITCH if log_toggle else TOP
     out: dict[str, Any] = {
         "template": "plotly_white",
         "autosize": True,
         "height": height,
-        "margin": {"l": 10, "r": 10, "t": 40, "b": 10},  # the top holds the buttons
+        "margin": {"l": 10, "r": 10, "t": top, "b": 10},
         "xaxis": xaxis,
         "yaxis": yaxis,
         "hovermode": "closest",
@@ -166,11 +212,54 @@ def layout(
     return out
 
 
+def legend_names(data: list[dict[str, Any]], figure_layout: dict[str, Any]) -> list[str]:
+    """The legend's entries: each trace and shape shown in it, by name."""
+    traces = [tr.get("name") or "" for tr in data if tr.get("showlegend", True)]
+    shapes = [
+        sh.get("name") or "" for sh in figure_layout.get("shapes", ()) if sh.get("showlegend")
+    ]
+    return traces + shapes
+
+
+def legend_height(names: list[str], row: float) -> int:
+    """About how tall (px) plotly draws a horizontal legend of ``names`` (plotly text,
+    lines split by ``<br>``) in rows ``row`` px wide. As plotly lays it out: an entry is
+    its symbol and its longest line; entries that do not all fit on one row each take
+    the widest one's width, as many a row as fit; a row is as tall as its tallest."""
+    if not names:
+        return 0
+    texts = [name.split("<br>") for name in names]
+    widths = [LEGEND_SYMBOL + CHAR * max(len(html.unescape(x)) for x in text) for text in texts]
+    heights = [LEGEND_PAD + LINE * len(text) for text in texts]
+    if sum(widths) <= row:
+        return max(heights)
+    per_row = max(1, int(row // max(widths)))
+    return sum(max(heights[k : k + per_row]) for k in range(0, len(heights), per_row))
+
+
+def _narrow_row(figure_layout: dict[str, Any]) -> float:
+    """The width of a legend row in a ``NARROW`` figure: plotly lays the legend out in
+    the plot's width, the figure's less the y axis title and tick labels."""
+    ticks = (figure_layout.get("yaxis") or {}).get("ticktext") or ()
+    chars = max((len(html.unescape(p)) for k in ticks for p in str(k).split("<br>")), default=4)
+    return NARROW - 30 - CHAR * chars
+
+
 def figure(data: list[dict[str, Any]], figure_layout: dict[str, Any]) -> Any:
-    """A ``plotly.graph_objects.Figure``: building it checks every attribute name."""
+    """A ``plotly.graph_objects.Figure``: building it checks every attribute name.
+
+    The layout's ``height`` is the plot's and its axes'; the figure is as much taller as
+    its legend is at a ``NARROW`` width, so a legend of many or long entries (wrapped on
+    several rows there) never squeezes the plot. The legend is shown when it has two or
+    more entries."""
     import plotly.graph_objects as go
 
-    return go.Figure(data=data, layout=figure_layout)
+    names = legend_names(data, figure_layout)
+    shown = len(names) > 1
+    height = figure_layout.get("height", HEIGHT)
+    if shown:
+        height += legend_height(names, _narrow_row(figure_layout))
+    return go.Figure(data=data, layout={**figure_layout, "height": height, "showlegend": shown})
 
 
 def _json(value: Any) -> str:

@@ -4,18 +4,27 @@ The figures are plotly (drawn with ``plots.py``, shared with the scaling report)
 page that inlines plotly.js once and fetches nothing, so it opens offline and can be
 archived beside the ledger:
 
-- validation loss (each run's target metric) against the ledger's wall time, tokens and
-  optimizer updates, with the target as a dashed line and a ring on the evaluation that
-  confirmed it; bits per byte against tokens when the evaluations measured ``bpb``;
+- each run's target metric (the loss in nat/token, or bits per byte with
+  ``eval.target_bpb``) against the ledger's wall time, tokens and optimizer updates,
+  with the target as a dashed line and a ring on the evaluation that confirmed it; the
+  headings and axes say which measure and unit, and runs whose targets have different
+  units get charts of their own (one y axis, one unit). Then bits per byte against
+  tokens when the evaluations measured ``bpb``, unless every target was ``bpb``
+  (the charts above drew exactly that);
 - per optimizer update (the ``Ledger.steps`` rows): the training loss, faint as recorded
   and solid as its exponential moving average (TensorBoard's smoothing, weight
   ``SMOOTHING``, debiased so the first updates are not pulled towards 0), the learning
   rate, the gradient's L2 norm before clipping and the throughput (the update's tokens
   over its wall seconds; rows without seconds are left out);
-- the phase times per run, stacked, with a tick at time-to-target.
+- the phase times per run, stacked, with a tick at time-to-target and a cross at the
+  end of the bar of a run that missed its target.
 
 Then the mixture table and the comparison of ``ledger compare``. Every axis names its
-quantity and unit; the loss panels have a linear/log switch. With several runs, a run's
+quantity and unit; the loss and learning-rate panels have a linear/log switch. The
+figures read at a 400 px window as at 1,400: legends along the bottom edge, their long
+labels and the run ids wrapped (``plots.lines``), the figure taller by what its legend
+takes; no text placed outside the plot (a target is named in the legend, not on its
+line). With several runs, a run's
 legend label is the recipe keys whose values differ between the runs (``train.lr=0.01,
 model.d_model=64``, see :func:`recipe_labels`); its id is in every hover. Per-update
 series longer than ``MAX_POINTS`` are drawn from evenly spaced updates (the average
@@ -35,6 +44,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -48,6 +58,7 @@ from ledgerlm.report.plots import (
     figure,
     figure_html,
     layout,
+    lines,
     page,
     run_color,
     run_dash,
@@ -75,6 +86,8 @@ PHASE_COLORS = {
     "checkpoint": "#b3de69",
 }
 OTHER_PHASE_COLORS = ("#fccde5", "#bc80bd", "#ccebc5", "#ffed6f", "#ffffb3")
+MISSED = "#b00"  # the cross on the bar of a run that missed its target
+ID_WRAP = 20  # characters per line of a run id on the phase chart's axis
 SMOOTHING = 0.9  # weight of the past in the moving average of per-update series
 MAX_POINTS = 2000  # per-update points drawn per series
 LABEL_KEYS = 4  # recipe differences named in a legend label (the rest are counted)
@@ -87,7 +100,8 @@ _UNSET = object()
 WALL_TIME = "wall time (s)"
 TOKENS = "tokens"
 UPDATES = "optimizer updates"
-BPB = "bits per byte (bit/byte)"
+BPB_UNIT = "bit/byte"
+BPB = f"bits per byte ({BPB_UNIT})"
 TRAIN_LOSS = "training loss (nat/token)"
 LEARNING_RATE = "learning rate"
 GRAD_NORM = "grad norm (L2)"
@@ -241,7 +255,32 @@ def _unit(summary: Mapping[str, Any]) -> str:
     contract = (run.get("meta") or {}).get("contract") or {}
     if contract.get("unit"):
         return str(contract["unit"])
-    return "bit/byte" if str(run["target_metric"]).startswith("bpb") else "nat/token"
+    return BPB_UNIT if str(run["target_metric"]).startswith("bpb") else "nat/token"
+
+
+def measure(metric: str) -> str:
+    """A validation metric in words: ``bpb`` is bits per byte, ``loss/code`` the loss
+    on code; a metric of another name is its name."""
+    head, _, domain = metric.partition("/")
+    words = {"bpb": "bits per byte", "loss": "loss"}.get(head, head)
+    return f"{words} on {domain}" if domain else words
+
+
+def unit_groups(summaries: Sequence[Mapping[str, Any]]) -> dict[str, list[int]]:
+    """The runs (their indices) by the unit of their target, in order of first
+    appearance: a y axis holds one unit, so loss and bits per byte are drawn apart."""
+    groups: dict[str, list[int]] = {}
+    for i, s in enumerate(summaries):
+        groups.setdefault(_unit(s), []).append(i)
+    return groups
+
+
+def validation_title(summaries: Sequence[Mapping[str, Any]], runs: Sequence[int]) -> str:
+    """What the validation charts of ``runs`` plot, with its unit: ``validation bits
+    per byte (bit/byte)`` (raw text: escape it where it is placed)."""
+    measures = dict.fromkeys(measure(str(summaries[i]["run"]["target_metric"])) for i in runs)
+    units = dict.fromkeys(_unit(summaries[i]) for i in runs)
+    return f"validation {', '.join(measures)} ({', '.join(units)})"
 
 
 def _run_meta(summary: Mapping[str, Any], role: str) -> dict[str, str]:
@@ -264,7 +303,7 @@ def _eval_trace(
         "x": [x for x, _ in pts],
         "y": [y for _, y in pts],
         "connectgaps": False,
-        "name": t(label),
+        "name": lines(label),
         "legendgroup": f"run-{i}",
         "line": {"color": run_color(i), "width": 2, "dash": run_dash(i)},
         "marker": {"size": 6},
@@ -282,12 +321,20 @@ def _x_values(s: Mapping[str, Any], x: str) -> list[float | None]:
 
 
 def validation_figure(
-    summaries: Sequence[Mapping[str, Any]], labels: Sequence[str], x: str, x_title: str
+    summaries: Sequence[Mapping[str, Any]],
+    labels: Sequence[str],
+    x: str,
+    x_title: str,
+    runs: Sequence[int] | None = None,
 ) -> Any:
-    """Each run's target metric against ``x`` (``seconds``, ``tokens`` or ``updates``),
-    the targets as dashed lines, and a ring on each run's confirming evaluation."""
+    """The target metric of each of ``runs`` (indices into ``summaries``; all of them by
+    default, sharing one unit) against ``x`` (``seconds``, ``tokens`` or ``updates``),
+    the targets as dashed lines named in the legend, and a ring on each run's
+    confirming evaluation."""
+    runs = range(len(summaries)) if runs is None else runs
     data = []
-    for i, (s, label) in enumerate(zip(summaries, labels, strict=True)):
+    for i in runs:
+        s, label = summaries[i], labels[i]
         xs = _x_values(s, x)
         trace = _eval_trace(s, i, label, xs, s["run"]["target_metric"], _unit(s))
         data.append(trace)
@@ -322,7 +369,9 @@ def validation_figure(
                     "meta": _run_meta(s, "confirm"),
                 }
             )
-    thresholds = sorted({float(s["run"]["target_value"]) for s in summaries})
+    thresholds = sorted({float(summaries[i]["run"]["target_value"]) for i in runs})
+    # A legend entry names each line: a label on the line itself would sit outside the
+    # plot (and under the buttons) when the line is at the edge of the y range.
     shapes = [
         {
             "type": "line",
@@ -333,22 +382,16 @@ def validation_figure(
             "y0": v,
             "y1": v,
             "line": {"color": "#000", "width": 1.5, "dash": "dash"},
-            "label": {
-                "text": f"target {v:g}",
-                "textposition": "start",
-                "yanchor": "bottom",
-                "font": {"size": 11},
-            },
+            "name": f"target {v:g}",
+            "showlegend": True,
         }
         for v in thresholds
     ]
-    metrics = ", ".join(dict.fromkeys(str(s["run"]["target_metric"]) for s in summaries))
-    units = ", ".join(dict.fromkeys(_unit(s) for s in summaries))
     return figure(
         data,
         layout(
             axis(x_title, rangemode="tozero"),
-            axis(t(f"validation {metrics} ({units})")),
+            axis(t(validation_title(summaries, runs))),
             log_toggle=True,
             shapes=shapes,
         ),
@@ -356,6 +399,7 @@ def validation_figure(
 
 
 def has_bpb(summaries: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether any evaluation measured bits per byte."""
     return any(
         _finite((ev.get("metrics") or {}).get("bpb")) is not None
         for s in summaries
@@ -366,7 +410,7 @@ def has_bpb(summaries: Sequence[Mapping[str, Any]]) -> bool:
 def bpb_figure(summaries: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> Any:
     """Validation bits per byte against tokens: comparable across tokenizers."""
     data = [
-        _eval_trace(s, i, label, _x_values(s, "tokens"), "bpb", "bit/byte")
+        _eval_trace(s, i, label, _x_values(s, "tokens"), "bpb", BPB_UNIT)
         for i, (s, label) in enumerate(zip(summaries, labels, strict=True))
     ]
     return figure(data, layout(axis(TOKENS, rangemode="tozero"), axis(BPB), log_toggle=True))
@@ -387,7 +431,7 @@ def _column(name: str) -> Series:
 # name, series, y axis title, unit in hover, hover format, smoothed, log switch
 UPDATE_PANELS: tuple[tuple[str, Series, str, str, str, bool, bool], ...] = (
     ("train-loss", _column("loss"), TRAIN_LOSS, "nat/token", ".4f", True, True),
-    ("lr", _column("lr"), LEARNING_RATE, "", ".4g", False, False),
+    ("lr", _column("lr"), LEARNING_RATE, "", ".4g", False, True),
     ("grad-norm", _column("grad_norm"), GRAD_NORM, "", ".4g", True, True),
     ("throughput", tokens_per_second, THROUGHPUT, "tokens/s", ",.0f", True, False),
 )
@@ -414,7 +458,7 @@ def update_figure(
             "mode": "lines",
             "x": [xs[k] for k in keep],
             "legendgroup": f"run-{i}",
-            "name": t(label),
+            "name": lines(label),
         }
         if smooth:
             data.append(
@@ -475,7 +519,8 @@ def _phase_color(kind: str, kinds: Sequence[str]) -> str:
 
 def phase_figure(summaries: Sequence[Mapping[str, Any]]) -> Any:
     """Stacked horizontal bars of phase seconds per run (one trace per phase kind); a
-    tick marks time-to-target, and a run that missed its target says so."""
+    tick marks time-to-target, and a cross at the end of its bar a run that missed its
+    target. Run ids are wrapped onto lines of ``ID_WRAP`` characters."""
     kinds = _phase_kinds(summaries)
     ids = [t(s["run"]["id"]) for s in summaries]
     data: list[dict[str, Any]] = []
@@ -484,7 +529,7 @@ def phase_figure(summaries: Sequence[Mapping[str, Any]]) -> Any:
             {
                 "type": "bar",
                 "orientation": "h",
-                "name": t(kind),
+                "name": lines(kind),
                 "y": ids,
                 "x": [_finite(s.get("phase_totals", {}).get(kind)) or 0.0 for s in summaries],
                 "marker": {
@@ -518,29 +563,40 @@ def phase_figure(summaries: Sequence[Mapping[str, Any]]) -> Any:
                 "hovertemplate": "%{y}<br>time to target %{x:,.1f} s<extra></extra>",
             }
         )
+    # A legend entry, not a note beside the bar: a note there runs off a narrow figure.
     missed = [
-        {
-            "x": float(s.get("total_seconds") or 0.0),
-            "y": i,  # a category axis: annotations place by the category's index
-            "text": "target not reached",
-            "xanchor": "left",
-            "xshift": 6,
-            "showarrow": False,
-            "font": {"color": "#b00"},
-        }
-        for i, s in enumerate(summaries)
+        (t(s["run"]["id"]), sum(_finite(v) or 0.0 for v in s.get("phase_totals", {}).values()))
+        for s in summaries
         if not s["time_to_target"]["reached"]
     ]
+    if missed:
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": "target not reached",
+                "y": [r for r, _ in missed],
+                "x": [v for _, v in missed],
+                "marker": {
+                    "symbol": "x-thin-open",
+                    "size": 14,
+                    "color": MISSED,
+                    "line": {"width": 3, "color": MISSED},
+                },
+                "meta": {"role": "missed"},
+                "hovertemplate": "%{y}<br>target not reached in %{x:,.1f} s<extra></extra>",
+            }
+        )
+    ticks = [lines(s["run"]["id"], ID_WRAP) for s in summaries]
+    band = max(46, max(16 * tick.count("<br>") + 30 for tick in ticks))
     return figure(
         data,
         layout(
-            axis(WALL_TIME + ", per phase kind, whole run", rangemode="tozero"),
-            axis(RUN, autorange="reversed", type="category"),
-            height=140 + 46 * len(summaries),
+            axis(WALL_TIME, rangemode="tozero"),
+            axis(RUN, autorange="reversed", type="category", tickvals=ids, ticktext=ticks),
+            height=100 + band * len(summaries),  # and the legend's (see plots.figure)
             barmode="stack",
-            annotations=missed,
-            # above the bars: under them, a short figure's legend would cover the x title
-            legend={**LEGEND, "traceorder": "normal", "y": 1.02, "yanchor": "bottom"},
+            legend={**LEGEND, "traceorder": "normal"},
         ),
     )
 
@@ -705,14 +761,19 @@ def render_report(
         ("tokens", TOKENS, "tokens seen"),
         ("updates", UPDATES, "optimizer updates"),
     )
-    for x, x_title, heading in charts:
+    for k, (unit, runs) in enumerate(unit_groups(summaries).items()):
+        title = validation_title(summaries, runs)
+        suffix = "" if k == 0 else "-" + re.sub(r"[^a-z0-9]+", "-", unit.lower()).strip("-")
+        for x, x_title, heading in charts:
+            fig = validation_figure(summaries, labels, x, x_title, runs)
+            sections.append(
+                f"<h2>{e(title[0].upper() + title[1:])} against {e(heading)}</h2>"
+                + figure_html(f"val-{x}{suffix}", fig)
+            )
+    # The bits per byte of every run, unless the charts above drew just that already.
+    if has_bpb(summaries) and any(s["run"]["target_metric"] != "bpb" for s in summaries):
         sections.append(
-            f"<h2>Validation loss against {e(heading)}</h2>"
-            + figure_html(f"val-{x}", validation_figure(summaries, labels, x, x_title))
-        )
-    if has_bpb(summaries):
-        sections.append(
-            "<h2>Validation bits per byte against tokens seen</h2>"
+            f"<h2>Validation bits per byte ({BPB_UNIT}) against tokens seen</h2>"
             + figure_html("bpb-tokens", bpb_figure(summaries, labels))
         )
     sections.append("<h2>Training, per optimizer update</h2>")

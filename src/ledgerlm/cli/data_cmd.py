@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from ledgerlm.cli.render import funnel_rows
+from ledgerlm.cli.table import FitTable
 from ledgerlm.cli.ui import (
     DEFAULT_WS,
     JsonOpt,
@@ -98,7 +98,7 @@ def inspect(
     console.print(escape(f"data version {manifest['version']}  ({c['conservation']})"))
     if c.get("duplicate_ids"):
         console.print(f"duplicate ids: {c['duplicate_ids']:,} records repeat an earlier id (kept)")
-    t = Table(show_edge=False)
+    t = FitTable(show_edge=False)
     for col in ("step", "documents", "detail"):
         t.add_column(col, justify="right" if col == "documents" else "left")
     for step, n, detail in funnel_rows(manifest):
@@ -107,7 +107,7 @@ def inspect(
     console.print(t)
     groups = next(s for s in manifest["steps"] if s["name"] == "filters")["groups"]
     if groups:
-        g = Table(show_edge=False)
+        g = FitTable(show_edge=False)
         for col in ("step", "source", "domain", "lang", "length", "date", "dropped", "reasons"):
             g.add_column(col)
         for row in groups:
@@ -127,7 +127,7 @@ def inspect(
         console.print(g)
     top = manifest["clusters"]["top"]
     if top:
-        k = Table(show_edge=False)
+        k = FitTable(show_edge=False)
         for col in ("kept", "size", "members"):
             k.add_column(col)
         for cl in top:
@@ -175,7 +175,7 @@ def consumed_by_runs(ws: Workspace, version: str) -> list[dict]:
 
 def _consumed_table(consumed: list[dict]) -> None:
     names = sorted({d["domain"] for r in consumed for d in r["domains"]})
-    t = Table(show_edge=False)
+    t = FitTable(show_edge=False)
     t.add_column("run")
     for name in names:
         t.add_column(escape(name), justify="right")

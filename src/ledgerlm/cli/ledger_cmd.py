@@ -11,7 +11,6 @@ from typing import Annotated, Literal
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from ledgerlm.cli.render import (
     continued_rows,
@@ -26,6 +25,7 @@ from ledgerlm.cli.render import (
     test_line,
     warning_lines,
 )
+from ledgerlm.cli.table import FitTable
 from ledgerlm.cli.ui import DEFAULT_WS, JsonOpt, WorkspaceOpt, console, friendly_errors
 from ledgerlm.lab.status import with_liveness
 from ledgerlm.ledger.mixture import realised
@@ -51,13 +51,14 @@ def list_runs(workspace: WorkspaceOpt = DEFAULT_WS, as_json: JsonOpt = False) ->
     if as_json:
         console.print_json(json.dumps(runs))
         return
-    t = Table(show_edge=False)
-    # a run id is what the user copies into the next command: never cut
-    t.add_column("run", min_width=max((len(r["id"]) for r in runs), default=3), no_wrap=True)
-    for col in ("created", "status"):
-        t.add_column(col)
+    t = FitTable()
+    # a run id is what the user copies into the next command: never wrapped (too long for
+    # the console, it goes on a line of its own above its row)
+    t.add_column("run", no_wrap=True)
+    t.add_column("created", no_wrap=True)
+    t.add_column("status")
     for col in ("data", "tokens"):
-        t.add_column(col, min_width=12, no_wrap=True)
+        t.add_column(col, no_wrap=True)
     for r in runs:
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created_at"]))
         status = r["status"]
@@ -140,7 +141,7 @@ def steps(
         writer.writerows([["" if r[c] is None else r[c] for c in cols] for r in rows])
         sys.stdout.write(out.getvalue())
         return
-    t = Table(title=f"updates of {escape(run_id)}", show_edge=False)
+    t = FitTable(title=f"updates of {escape(run_id)}", show_edge=False)
     for col in cols:
         t.add_column(col.replace("_", " "), justify="right")
     for r in rows:
@@ -190,7 +191,7 @@ def compare(
         return "-" if v is None else f"{100 * v:.1f}%"
 
     verdicts = {c["run"]: c for c in result["comparisons"]}
-    t = Table(title="time to target, against the first run", show_edge=False)
+    t = FitTable(title="time to target, against the first run", show_edge=False)
     for col in ("run", "seed", "time to target", "step", "tokens", "updates", "s/step"):
         t.add_column(col, justify="left" if col == "run" else "right")
     for col in ("prep", "tokenize", "eval", "checkpoint", "vs baseline"):

@@ -253,12 +253,12 @@ def search(
 
 
 def print_search(record: dict) -> None:
-    from rich.table import Table
+    from ledgerlm.cli.table import FitTable
 
-    t = Table(title=f"mixture search {escape(record['search_id'])}", show_edge=False)
+    t = FitTable(title=f"mixture search {escape(record['search_id'])}", show_edge=False)
     domains = record["domains"]
     for col in ("trial", *domains, "loss", *(f"loss/{d}" for d in domains)):
-        t.add_column(escape(col), justify="left" if col == "trial" else "right", no_wrap=True)
+        t.add_column(escape(col), justify="left" if col == "trial" else "right")
     for i, trial in enumerate(record["trials"]):
         label = f"t{i:02d}" + (" natural" if i == 0 else "")
         t.add_row(
@@ -267,7 +267,7 @@ def print_search(record: dict) -> None:
             *(_num(trial["metrics"].get(k)) for k in ["loss", *(f"loss/{d}" for d in domains)]),
         )
     console.print(t)
-    r = Table(title="regressions (cross-validated)", show_edge=False)
+    r = FitTable(title="regressions (cross-validated)", show_edge=False)
     for col in ("target", "model", "folds", "spearman", "mae", "rmse"):
         r.add_column(col, justify="left" if col in ("target", "model") else "right")
     for name, fit in record["regressions"].items():
@@ -309,10 +309,10 @@ def print_search(record: dict) -> None:
 
 
 def print_doremi(record: dict) -> None:
-    from rich.table import Table
+    from ledgerlm.cli.table import FitTable
 
     domains = record["domains"]
-    t = Table(title=f"DoReMi reweighting {escape(record['search_id'])}", show_edge=False)
+    t = FitTable(title=f"DoReMi reweighting {escape(record['search_id'])}", show_edge=False)
     t.add_column("step", justify="right")
     for d in domains:
         t.add_column(escape(d), justify="right")
@@ -363,8 +363,7 @@ def verify(
     Both runs train to the full budget (no stop at the target), so their final losses
     compare like for like; the time-to-target is still the first confirmation.
     """
-    from rich.table import Table
-
+    from ledgerlm.cli.table import FitTable
     from ledgerlm.lab.mix_search import verify_mixture
     from ledgerlm.workspace import Workspace
 
@@ -374,7 +373,7 @@ def verify(
     if as_json:
         console.print_json(json.dumps(out))
         return
-    t = Table(title="validation loss at the same budget", show_edge=False)
+    t = FitTable(title="validation loss at the same budget", show_edge=False)
     for col in ("domain", "baseline", "found", "change", ""):
         t.add_column(col, justify="left" if col in ("domain", "") else "right")
     for row in out["domains"]:

@@ -10,8 +10,8 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
+from ledgerlm.cli.table import FitTable
 from ledgerlm.cli.ui import JsonOpt, console, err_console, friendly_errors
 
 #: Below these the recommendation is weak evidence and the command says so (stderr).
@@ -195,7 +195,7 @@ def _print_text(csv, table, reg, best, best_value, concentration, candidates, to
         highlight=False,
         soft_wrap=True,
     )
-    t = Table(title="recommended mixture", show_edge=False)
+    t = FitTable(title="recommended mixture", show_edge=False)
     t.add_column("domain")
     t.add_column("recommended", justify="right")
     t.add_column("table mean", justify="right")
@@ -217,7 +217,7 @@ def _print_text(csv, table, reg, best, best_value, concentration, candidates, to
 
 
 def _print_predictions(path, other, predictions, target) -> None:
-    t = Table(title=f"predicted {escape(target)} for {escape(str(path))}", show_edge=False)
+    t = FitTable(title=f"predicted {escape(target)} for {escape(str(path))}", show_edge=False)
     t.add_column("row", justify="right")
     if other.names is not None:
         t.add_column("name")

@@ -11,8 +11,8 @@ import json
 from typing import Any
 
 from rich.markup import escape
-from rich.table import Table
 
+from ledgerlm.cli.table import FitTable
 from ledgerlm.cli.ui import fmt_seconds
 from ledgerlm.ledger.events import warnings
 from ledgerlm.ledger.mixture import DOMAIN_COUNTER
@@ -69,8 +69,8 @@ def funnel_rows(data_manifest: dict[str, Any]) -> list[tuple[str, int, str]]:
     return rows
 
 
-def funnel_table(data_manifest: dict[str, Any], tokens_manifest: dict[str, Any]) -> Table:
-    t = Table(title="data funnel", show_edge=False)
+def funnel_table(data_manifest: dict[str, Any], tokens_manifest: dict[str, Any]) -> FitTable:
+    t = FitTable(title="data funnel", show_edge=False)
     t.add_column("step")
     t.add_column("documents", justify="right")
     t.add_column("detail")
@@ -95,9 +95,9 @@ def funnel_table(data_manifest: dict[str, Any], tokens_manifest: dict[str, Any])
     return t
 
 
-def phase_table(summary: dict[str, Any]) -> Table:
+def phase_table(summary: dict[str, Any]) -> FitTable:
     ttt = _ttt(summary)
-    t = Table(title="time per phase", show_edge=False)
+    t = FitTable(title="time per phase", show_edge=False)
     t.add_column("phase")
     t.add_column("total", justify="right")
     t.add_column("to target", justify="right")
@@ -127,8 +127,8 @@ def coverage_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def counters_table(summary: dict[str, Any]) -> Table:
-    t = Table(title="counters", show_edge=False)
+def counters_table(summary: dict[str, Any]) -> FitTable:
+    t = FitTable(title="counters", show_edge=False)
     t.add_column("counter")
     t.add_column("value", justify="right")
     for name, value in summary["counters"].items():
@@ -138,7 +138,7 @@ def counters_table(summary: dict[str, Any]) -> Table:
     return t
 
 
-def evaluations_table(summary: dict[str, Any], limit: int | None = None) -> Table:
+def evaluations_table(summary: dict[str, Any], limit: int | None = None) -> FitTable:
     evals = summary["evaluations"]
     found = {k for e in evals for k in e["metrics"]}
     # the loss overall and per domain, and bits per byte overall (per domain and nats
@@ -150,7 +150,7 @@ def evaluations_table(summary: dict[str, Any], limit: int | None = None) -> Tabl
     target = summary["run"]["target_metric"]
     if target in found and target not in names:
         names.append(target)
-    t = Table(title="evaluations", show_edge=False)
+    t = FitTable(title="evaluations", show_edge=False)
     for col in ("step", "tokens", "snapshot", *names):
         t.add_column(escape(col), justify="right" if col != "snapshot" else "left")
     threshold = summary["run"]["target_value"]
@@ -199,8 +199,10 @@ def continued_rows(summary: dict[str, Any]) -> tuple[str, list[dict[str, Any]]] 
     return None
 
 
-def continued_table(init_from: str, rows: list[dict[str, Any]]) -> Table:
-    t = Table(title=f"continued pretraining from {escape(init_from)} (nat/token)", show_edge=False)
+def continued_table(init_from: str, rows: list[dict[str, Any]]) -> FitTable:
+    t = FitTable(
+        title=f"continued pretraining from {escape(init_from)} (nat/token)", show_edge=False
+    )
     for col in ("validation set", "domain", "before", "after", "change", "gain / forgetting"):
         t.add_column(col, justify="left" if col in ("validation set", "domain") else "right")
     for r in rows:
@@ -235,9 +237,9 @@ def _tokens(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f}"
 
 
-def plan_table(planned: dict[str, Any]) -> Table:
+def plan_table(planned: dict[str, Any]) -> FitTable:
     """A mixture plan (``MixturePlan.to_dict()``): per domain S_i, p_i, E[D_i], e_i."""
-    t = Table(
+    t = FitTable(
         title=f"mixture plan for {planned['budget_tokens']:,} training tokens", show_edge=False
     )
     for col in ("domain", "pool S (train tokens)", "weight p", "expected tokens pD", "epochs pD/S"):
@@ -276,10 +278,10 @@ def plan_stage_lines(planned: dict[str, Any]) -> list[str]:
     return lines
 
 
-def mixture_table(rows: list[dict[str, Any]]) -> Table:
+def mixture_table(rows: list[dict[str, Any]]) -> FitTable:
     """Configured weights beside the tokens a run really consumed per domain
     (``ledger.mixture.realised``)."""
-    t = Table(title="mixture: configured and consumed", show_edge=False)
+    t = FitTable(title="mixture: configured and consumed", show_edge=False)
     cols = ("domain", "weight", "planned tokens", "consumed", "share", "pool", "epochs")
     for col in cols:
         t.add_column(col, justify="left" if col == "domain" else "right")

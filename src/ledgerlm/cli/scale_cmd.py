@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from ledgerlm.cli import scale_fit, scale_serving
+from ledgerlm.cli.table import FitTable
 from ledgerlm.cli.ui import (
     DEFAULT_WS,
     JsonOpt,
@@ -90,8 +90,8 @@ def _runs(n: int) -> str:
     return f"{n} run" if n == 1 else f"{n} runs"
 
 
-def _plan_table(points, title: str) -> Table:
-    t = Table(title=title, show_edge=False)
+def _plan_table(points, title: str) -> FitTable:
+    t = FitTable(title=title, show_edge=False)
     for col in ("point", "N", "shape", "steps", "D", "C=6ND", "lr"):
         t.add_column(col, justify="left" if col in ("point", "shape") else "right")
     for p in points:
@@ -233,8 +233,8 @@ def run_cmd(
     console.print(f"next: ledgerlm scale fit --sweep {escape(sweep_id)}", highlight=False)
 
 
-def _points_table(found, title: str) -> Table:
-    t = Table(title=title, show_edge=False)
+def _points_table(found, title: str) -> FitTable:
+    t = FitTable(title=title, show_edge=False)
     for col in ("run", "N", "D (tokens)", "final loss"):
         t.add_column(col, justify="left" if col == "run" else "right")
     for row in found.rows():

@@ -11,8 +11,8 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
+from ledgerlm.cli.table import FitTable
 from ledgerlm.cli.ui import DEFAULT_WS, JsonOpt, WorkspaceOpt, console, friendly_errors
 
 SweepOpt = Annotated[
@@ -149,8 +149,8 @@ def _g(x: float) -> str:
     return f"{mantissa}e{int(exp)}" if e else text
 
 
-def _params_table(result: dict[str, Any]) -> Table:
-    t = Table(
+def _params_table(result: dict[str, Any]) -> FitTable:
+    t = FitTable(
         title=f"L(N, D) = E + A N^-alpha + B D^-beta, {result['n_points']} points", show_edge=False
     )
     for col in ("param", "value", f"{100 * result['level']:.0f}% interval", "identified"):
@@ -179,17 +179,17 @@ def _note(text: str) -> None:
     console.print(f"[yellow]note: {escape(text)}[/]", highlight=False, soft_wrap=True)
 
 
-def _dropped_table(rows: list[dict[str, Any]]) -> Table:
-    t = Table(title="left out of the fit", show_edge=False)
+def _dropped_table(rows: list[dict[str, Any]]) -> FitTable:
+    t = FitTable(title="left out of the fit", show_edge=False)
     for col in ("point", "N", "D", "loss", "why"):
         t.add_column(col, justify="right" if col in ("N", "D", "loss") else "left")
     for r in rows:
-        t.add_row(escape(r["point"]), _g(r["N"]), _g(r["D"]), f"{r['loss']:.4f}", r["why"])
+        t.add_row(escape(r["point"]), _g(r["N"]), _g(r["D"]), f"{r['loss']:.4f}", escape(r["why"]))
     return t
 
 
-def _held_out_table(held: dict[str, Any]) -> Table:
-    t = Table(
+def _held_out_table(held: dict[str, Any]) -> FitTable:
+    t = FitTable(
         title=f"held out ({escape(held['rule'])}): {held['n']} points, MAE {held['mae']:.4f}, "
         f"RMSE {held['rmse']:.4f}, bias {held['bias']:+.4f} nat/token, max relative error "
         f"{100 * held['max_rel_error']:.2f}%",
@@ -428,12 +428,13 @@ def _interval_text(entry: dict[str, float], fmt: str) -> str:
 
 
 def _band(value: float, band: dict[str, Any] | None, key: str, fmt: str | None = None) -> str:
-    """``value (lo-hi)``, compact: 3 significant digits (or ``fmt``)."""
+    """``value`` over ``(lo .. hi)``, compact: 3 significant digits (or ``fmt``); the
+    interval wraps at its spaces, never inside a number."""
     show = _g if fmt is None else (lambda x: format(x, fmt))
     text = show(value)
     if band and key in band:
         lo, hi = band[key]
-        text += f"\n({show(lo)}-{show(hi)})"
+        text += f"\n({show(lo)} .. {show(hi)})"
     return text
 
 
@@ -443,7 +444,7 @@ def _print_recommendation(result: dict[str, Any], where: str) -> None:
         f"{escape(where)} ({result['fit']['diagnostics']['status']})",
         highlight=False,
     )
-    t = Table(title="compute-optimal allocation", show_edge=False)
+    t = FitTable(title="compute-optimal allocation", show_edge=False)
     t.add_column("")
     t.add_column("value", justify="left")
     t.add_row("N* (parameters)", _interval_text(result["N_opt"], ".4g"))
@@ -469,14 +470,14 @@ def _print_recommendation(result: dict[str, Any], where: str) -> None:
 
 
 def _print_lifecycle(life: dict[str, Any]) -> None:
-    lt = Table(
+    lt = FitTable(
         title=f"lifecycle: training + R requests of {life['tokens_per_request']:,.0f} tokens "
         f"({life['inference_kappa']:g} N FLOPs a token) within C; 95% intervals below; "
         "! = extrapolation",
         show_edge=False,
     )
     for col in ("R", "N", "D", "D/N", "training", "loss"):
-        lt.add_column(col, justify="right", overflow="fold", min_width=8)
+        lt.add_column(col, justify="right")
     starved, flagged = [], []
     for r in life["rows"]:
         if r["D"] < 1:  # serving the requests takes the whole budget

@@ -10,8 +10,8 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
+from ledgerlm.cli.table import FitTable
 from ledgerlm.cli.ui import DEFAULT_WS, JsonOpt, WorkspaceOpt, console, friendly_errors
 
 
@@ -22,9 +22,9 @@ def _g(x: float) -> str:
     return f"{mantissa}e{int(exp)}" if e else text
 
 
-def _table(r: dict[str, Any]) -> Table:
+def _table(r: dict[str, Any]) -> FitTable:
     f = r["flops_per_token"]
-    t = Table(title=f"serving cost of {escape(r['source'])}", show_edge=False)
+    t = FitTable(title=f"serving cost of {escape(r['source'])}", show_edge=False)
     t.add_column("")
     t.add_column("value", justify="right")
     rows = [

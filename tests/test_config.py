@@ -161,3 +161,18 @@ def test_config_show_json_has_the_unused_table():
     assert out["unused"]["eval.target_loss"] == "target_bpb is set"
     assert out["unused"]["data.builtin"] == "no source is builtin"
     assert out["eval"]["target_loss"] == 4.8  # every value is still shown
+
+
+def test_config_show_piped_at_80_columns_is_a_recipe_that_loads(tmp_path):
+    """``config show > r.toml`` keeps a long line whole: the file loads to the same recipe."""
+    import subprocess
+    import sys
+
+    long_path = "corpora/" + "a" * 70 + "/second part/" + "b" * 40 + ".jsonl"
+    exe = Path(sys.executable).with_name("ledgerlm")
+    args = [str(exe), "config", "show", str(TINY), "--set", f'data.sources=["{long_path}"]']
+    env = {"COLUMNS": "80", "PATH": "/usr/bin:/bin"}
+    shown = subprocess.run(args, capture_output=True, text=True, check=True, env=env)
+    (tmp_path / "r.toml").write_text(shown.stdout)
+    reread = load_recipe(tmp_path / "r.toml")
+    assert reread.data.sources == [long_path]

@@ -29,4 +29,4 @@ def show(
     else:
         from ledgerlm.config import recipe_to_toml
 
-        console.print(recipe_to_toml(resolved), highlight=False, markup=False)
+        console.print(recipe_to_toml(resolved), highlight=False, markup=False, soft_wrap=True)

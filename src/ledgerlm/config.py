@@ -665,6 +665,20 @@ class TrainConfig(_Section):
     nonfinite: Literal["stop", "skip"] = Field(
         "stop", description="On a NaN/inf loss or gradient: stop the run, or skip the update."
     )
+    spike_factor: float = Field(
+        3.0,
+        ge=0,
+        description="An update whose loss exceeds this many times the median loss of the "
+        "previous 100 updates is a loss_spike event; 0 = off (else above 1).",
+    )
+    spike_warmup: int = Field(
+        50, ge=0, description="Updates made before loss spikes are looked for."
+    )
+    on_spike: Literal["record", "skip"] = Field(
+        "record",
+        description="On a loss spike: record it and apply the update, or also skip the "
+        "update (as nonfinite = skip does).",
+    )
     precision: Literal["fp32", "bf16"] = Field(
         "fp32", description="bf16: forward and backward under bf16 autocast; weights stay fp32."
     )
@@ -699,6 +713,15 @@ class TrainConfig(_Section):
     def _token_schedule_has_length(self) -> TrainConfig:
         if self.schedule_unit == "tokens" and self.schedule_tokens is None:
             raise ValueError("schedule_unit = 'tokens' needs schedule_tokens")
+        return self
+
+    @model_validator(mode="after")
+    def _spike_factor_above_one(self) -> TrainConfig:
+        if 0 < self.spike_factor <= 1:
+            raise ValueError(
+                f"spike_factor = {self.spike_factor:g} would call half of all updates "
+                "spikes: use a factor above 1, or 0 for none"
+            )
         return self
 
 

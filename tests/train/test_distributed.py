@@ -74,3 +74,29 @@ def test_a_one_process_checkpoint_loads_into_two_sharded_ranks(tmp_path):
         assert meta["loss"] == pytest.approx(one["loss"], rel=1e-6)
         for name, ref in one_t.items():
             torch.testing.assert_close(tensors[name], ref, rtol=1e-6, atol=1e-12)
+
+
+def test_both_ranks_skip_the_update_whose_global_loss_spikes(tmp_path):
+    """Only rank 1's share of update 22 is random tokens: rank 0's own loss there is
+    ordinary, rank 1's far above the threshold. The update's loss (both shares) spikes,
+    and both ranks skip it: the same update, the same events, the same weights."""
+    out = tmp_path / "spike"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    cmd += ["--standalone", str(WORKER.with_name("ddp_spike.py")), str(out)]
+    cmd += ["--steps", "26", "--spike-at", "22"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    weights = [load_file(str(out / f"rank{r}.safetensors")) for r in range(2)]
+    for meta in ranks:
+        assert meta["skipped"] == [22] and meta["skipped_updates"] == 1
+        (event,) = meta["events"]
+        assert event["step"] == 22 and event["policy"] == "skip"
+        assert event["loss"] > event["factor"] * event["median"]
+    assert ranks[0]["events"] == ranks[1]["events"] and ranks[0]["losses"] == ranks[1]["losses"]
+    # the attempt at update 22 is the 22nd forward of each rank
+    threshold = ranks[0]["events"][0]["factor"] * ranks[0]["events"][0]["median"]
+    assert ranks[0]["own_losses"][21] < threshold < ranks[1]["own_losses"][21]
+    for name, t in weights[0].items():
+        assert torch.equal(t, weights[1][name]), name

@@ -92,6 +92,22 @@ class PackedStream(Iterator[Batch]):
         self.identity: dict[str, Any] = {}  # what a saved state is valid for (seed, ...)
         self.domain_names: list[str] = []  # names of the domain ids, when known
         self.trained: set[int] = set()  # ids of the domains the train split holds, when known
+        # (document, domain id) of each document the last batch took tokens from, in
+        # order (``fetch`` indices: positions in the train split)
+        self.last_documents: list[tuple[int, int]] = []
+        # the documents' ids at ``fetch`` indices, when the store names them
+        self.document_ids: Callable[[list[int]], list[str]] | None = None
+
+    def describe_documents(self, placed: Sequence[tuple[int, int]]) -> dict[str, Any]:
+        """The documents of ``placed`` (pairs as in ``last_documents``, any number of
+        batches' worth) once each, in order, by id (by ``fetch`` index when the store has
+        no ids), and the names of their domains."""
+        seen = list(dict.fromkeys(placed))
+        indices = [i for i, _ in seen]
+        names = self.domain_names
+        domains = {names[d] if d < len(names) else str(d) for _, d in seen}
+        ids = self.document_ids(indices) if self.document_ids is not None else indices
+        return {"documents": ids, "domains": sorted(domains)}
 
     def consumed_by_domain(self) -> dict[str, int]:
         """Input tokens yielded so far per domain name (every domain of the train split
@@ -143,8 +159,10 @@ class PackedStream(Iterator[Batch]):
         segs = np.empty(need, dtype=np.int64)
         doms = np.empty(need, dtype=np.int64)
         filled = 0
+        placed: list[tuple[int, int]] = []
         while filled < need:
             doc, domain = self._current()
+            placed.append((self._doc_index(), domain))
             take = min(len(doc) - self._offset, need - filled)
             toks[filled : filled + take] = doc[self._offset : self._offset + take]
             segs[filled : filled + take] = self._segment
@@ -156,6 +174,7 @@ class PackedStream(Iterator[Batch]):
         shape = (self.batch_rows, self.row_len)
         valid = np.ones(shape, dtype=bool)
         self._count(doms.reshape(shape))
+        self.last_documents = placed
         return make_batch(
             toks.reshape(shape),
             segs.reshape(shape),
@@ -459,6 +478,8 @@ def train_batches(
     # names only a mixture needs: a store without them reports domains by id
     stream.identity, stream.domain_names = identity, list(getattr(store, "domains", []))
     stream.trained = {int(d) for d in np.unique(docs["domain"])}
+    if hasattr(store, "doc_ids"):
+        stream.document_ids = lambda indices: store.doc_ids("train", indices)
     return stream
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -245,3 +246,9 @@ class TokenStore:
 
     def tokens(self, shard: str, offset: int, length: int) -> np.ndarray:
         return np.asarray(self._shards[shard][offset : offset + length], dtype=np.int64)
+    def doc_ids(self, split: str, indices: Sequence[int]) -> list[str]:
+        """The ids of documents by position in ``split_docs(split)`` (for a report of the
+        data an update saw: rare, so the index is read again rather than kept)."""
+        table = self.index.filter(pc.equal(self.index.column("split"), split))
+        return table.column("doc_id").take(pa.array(indices, type=pa.int64())).to_pylist()
+

@@ -210,17 +210,28 @@ class RankShard(Iterator[T]):
 
     def __init__(self, stream: Iterator[T], world: World) -> None:
         self.stream, self.world = stream, world
+        # the documents of every rank's item of the last step, when the stream names them:
+        # each rank can say what data the whole update saw
+        self.last_documents: list[Any] = []
 
     def __iter__(self) -> RankShard[T]:
         return self
 
     def __next__(self) -> T:
         mine = None
+        placed: list[Any] = []
         for r in range(self.world.size):
             item = next(self.stream)
+            placed += getattr(self.stream, "last_documents", ())
             if r == self.world.rank:
                 mine = item
+        self.last_documents = placed
         return mine  # type: ignore[return-value]
+
+    def describe_documents(self, placed: Any) -> dict[str, Any]:
+        """The global stream's names for ``placed`` ({} for a stream without them)."""
+        describe = getattr(self.stream, "describe_documents", None)
+        return describe(placed) if describe is not None else {}
 
     def state_dict(self) -> dict[str, Any]:
         return self.stream.state_dict()  # type: ignore[attr-defined]

@@ -1,5 +1,6 @@
 """The training loop: accumulation with one global denominator, clipping, a
-non-finite guard, and callbacks for everything else (evaluation, progress, budget).
+non-finite guard, loss spikes, and callbacks for everything else (evaluation, progress,
+budget).
 What it spends and measures goes to one ``Recorder`` (the ledger, when the lab runs it).
 """
 
@@ -21,6 +22,7 @@ from ledgerlm.train.distributed import World, data_parallel
 from ledgerlm.train.loss import NoTargetsError, objective_denominator, objective_weights
 from ledgerlm.train.optim import Optimizer, lr_factor, schedule_position
 from ledgerlm.train.record import Recorder
+from ledgerlm.train.spikes import SpikeDetector
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -53,7 +55,8 @@ class TrainState:
     step_tokens: int = 0  # tokens of the last update
     step_targets: int = 0  # supervised targets of the last update
     denominator: int = 0  # the objective's global denominator of the last update
-    skipped_steps: int = 0  # non-finite steps dropped under nonfinite = "skip"
+    # updates dropped: non-finite under nonfinite = "skip", spikes under on_spike = "skip"
+    skipped_steps: int = 0
     # input tokens consumed per domain (all ranks, skipped steps included), when the
     # stream counts them: their sum is ``tokens``
     domain_tokens: dict[str, int] = field(default_factory=dict)
@@ -112,6 +115,11 @@ class Trainer:
 
     Under ``nonfinite = "skip"`` a run of ``max_consecutive_skips`` non-finite
     steps still stops it: a model that is broken for good must not loop forever.
+
+    An update whose loss exceeds ``spike_factor`` x the median loss of the previous
+    updates is a ``loss_spike`` event (and a warning line); under ``on_spike = "skip"``
+    it is dropped as a non-finite one is. The loss is the global update's (all
+    micro-batches, all ranks), so every rank makes the same decision without talking.
     """
 
     def __init__(
@@ -135,6 +143,7 @@ class Trainer:
         self.events: list[dict[str, Any]] = []
         self.max_consecutive_skips = max_consecutive_skips
         self._consecutive_skips = 0
+        self.spikes = SpikeDetector(cfg.spike_factor, cfg.spike_warmup)
         if cfg.compile:
             # In place (nn.Module.compile), not a wrapper: the module keeps its parameter
             # names, so optimizer groups, state_dict, checkpoints and weight hashes are the
@@ -176,7 +185,11 @@ class Trainer:
         Returns the step's loss (NaN/inf for a skipped step).
         """
         cfg, s, world = self.cfg, self.state, self.world
-        micro = [next(self.batches) for _ in range(cfg.grad_accum)]
+        micro: list[Batch] = []
+        placed: list[Any] = []  # the documents of the update (every rank's), when known
+        for _ in range(cfg.grad_accum):
+            micro.append(next(self.batches))
+            placed += getattr(self.batches, "last_documents", ())
         step = s.step + 1
         terms = (cfg.objective, cfg.empty_rows)
         n_targets, denominator, tokens, rows = (
@@ -239,7 +252,9 @@ class Trainer:
         )
         finite = math.isfinite(loss) and math.isfinite(grad_norm)
         if not finite:
-            self._non_finite(record, micro)
+            self._non_finite(record, micro, placed)
+        elif self._spike(record, micro, placed) and cfg.on_spike == "skip":
+            self._drop(record)
         else:
             self._consecutive_skips = 0
             self.optimizer.step()
@@ -260,14 +275,53 @@ class Trainer:
             return nullcontext()
         return self.engine.no_sync()  # type: ignore[operator]
 
-    def _non_finite(self, record: StepRecord, micro: Sequence[Batch]) -> None:
+    def _describe(self, micro: Sequence[Batch], placed: Sequence[Any]) -> dict[str, Any]:
+        """The update's data: this rank's micro-batches, and the documents and domains of
+        the whole update when the stream names them."""
+        out = describe_batches(micro)
+        describe = getattr(self.batches, "describe_documents", None)
+        if describe is not None and placed:
+            out.update(describe(placed))
+        return out
+
+    def _spike(self, record: StepRecord, micro: Sequence[Batch], placed: Sequence[Any]) -> bool:
+        """Whether the update's loss is a spike; if so, log the step and its data."""
+        window = len(self.spikes)  # the losses the median is of
+        median = self.spikes.observe(record.loss)
+        if median is None:
+            return False
+        policy = self.cfg.on_spike
+        event = {
+            "kind": "loss_spike",
+            "step": record.step,
+            "loss": record.loss,
+            "median": median,
+            "factor": self.cfg.spike_factor,
+            "window": window,
+            "policy": policy,
+            **self._describe(micro, placed),
+        }
+        self.events.append(event)
+        self.recorder.event("loss_spike", json.dumps(event), step=record.step)
+        self.recorder.note(
+            f"warning: loss spike at step {record.step}: loss {record.loss:.4g} is "
+            f"{record.loss / median:.1f}x the median {median:.4g} of the previous "
+            f"{window} updates (train.spike_factor = {self.cfg.spike_factor:g}); "
+            + ("the update is skipped" if policy == "skip" else "the update is applied")
+        )
+        return True
+
+    def _non_finite(
+        self, record: StepRecord, micro: Sequence[Batch], placed: Sequence[Any]
+    ) -> None:
         """Log the step and its data, then stop, or drop the update and move on."""
         event = {
+            "kind": "nonfinite",
             "step": record.step,
             "loss": _number(record.loss),
             "grad_norm": _number(record.grad_norm),
             "policy": self.cfg.nonfinite,
-            **describe_batches(micro),
+            **self._describe(micro, placed),
         }
         self.events.append(event)
         message = json.dumps(event)
@@ -280,6 +334,10 @@ class Trainer:
                 f"step {record.step}: {self._consecutive_skips} non-finite steps in a row: "
                 + message
             )
+        self._drop(record)
+
+    def _drop(self, record: StepRecord) -> None:
+        """No optimizer step for this update: its gradients go, its data stays consumed."""
         self.optimizer.zero_grad(set_to_none=True)
         record.skipped = True
         self.state.skipped_steps += 1
@@ -290,12 +348,14 @@ class Trainer:
             "state": self.state.to_dict(),
             "events": self.events,
             "consecutive_skips": self._consecutive_skips,
+            "spikes": self.spikes.state_dict(),
         }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.state = TrainState.from_dict(d["state"])
         self.events = list(d.get("events", []))
         self._consecutive_skips = int(d.get("consecutive_skips", 0))
+        self.spikes.load_state_dict(d.get("spikes", {}))
 
     def fit(self) -> TrainState:
         recorder = self.recorder

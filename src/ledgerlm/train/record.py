@@ -67,3 +67,6 @@ class Recorder:
 
     def event(self, kind: str, message: str, step: int | None = None) -> None:
         """Something that happened at ``step`` (JSON or text ``message``)."""
+
+    def note(self, line: str) -> None:
+        """A line the user should read while the run goes on (a loss spike's warning)."""

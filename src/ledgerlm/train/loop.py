@@ -305,7 +305,7 @@ class Trainer:
         self.recorder.event("loss_spike", json.dumps(event), step=record.step)
         self.recorder.note(
             f"warning: loss spike at step {record.step}: loss {record.loss:.4g} is "
-            f"{record.loss / median:.1f}x the median {median:.4g} of the previous "
+            f"{record.loss / median:.3g}x the median {median:.4g} of the previous "
             f"{window} updates (train.spike_factor = {self.cfg.spike_factor:g}); "
             + ("the update is skipped" if policy == "skip" else "the update is applied")
         )

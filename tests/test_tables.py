@@ -102,6 +102,7 @@ def test_scale_fit_names_the_file_of_a_table_too_short_or_badly_headed(tmp_path)
         "none.csv": ("N,D,loss\n", ": no rows after the header"),
         "one.csv": ("N,D,loss\n1e8,2e9,3.1\n", ": the fit of E, A, B, alpha, beta needs"),
         "two.csv": ("N,D,loss\n1e8,2e9,3.1\n2e8,2e9,3.0\n", ": the fit of E, A, B"),
+        "huge.csv": ("N,D,loss\n1e8,2e9,3.1\n2e8,2e9,1e300\n", ":3: column 'loss': '1e300' is"),
     }
     for name, (text, error) in cases.items():
         path = tmp_path / name

@@ -62,6 +62,12 @@ def test_best_keeps_the_lowest_loss_of_each_learning_rate_group():
 
 def test_group_ids_follow_first_appearance():
     assert group_ids([3, 1, 3, 2], [5, 5, 5, 5]).tolist() == [0, 1, 0, 2]
+    rng = np.random.default_rng(5)  # against a dictionary of first appearances
+    for _ in range(50):
+        N, D = rng.integers(1, 4, (2, int(rng.integers(1, 40)))).astype(float)
+        first: dict = {}
+        want = [first.setdefault((n, d), len(first)) for n, d in zip(N, D, strict=True)]
+        assert group_ids(N, D).tolist() == want
 
 
 # ------------------------------------------------------------------- diagnostics
@@ -89,6 +95,31 @@ def test_an_exponent_whose_interval_reaches_zero_is_degenerate():
     (beta,) = [p for p in d.params if p.name == "beta"]
     assert beta.status == "degenerate" and "reaches 0" in beta.reasons[0]
     assert d.status == "degenerate"
+
+
+def test_a_non_finite_interval_is_never_identified():
+    p = LawParams(E=1.7, A=400.0, B=410.0, alpha=0.34, beta=0.28)
+    nan, inf = float("nan"), float("inf")
+    intervals = {"E": (1.6, nan), "A": (68.5, nan), "B": (nan, nan), "alpha": (0.3, inf)}
+    d = diagnose(p, 1.9, {**intervals, "beta": (0.27, 0.29)})
+    by = {c.name: c for c in d.params}
+    for name, (lo, hi) in intervals.items():
+        assert by[name].status == "degenerate", by[name]
+        assert f"its interval [{lo:.3g}, {hi:.3g}] is not finite" in by[name].reasons[0]
+    assert by["beta"].status == "identified" and d.status == "degenerate"
+    # six points, one with a loss of 1e300: refits overflow A = e^a, the percentile
+    # between two infinite refits is nan (measured: A in [6.4e-08, nan])
+    rng = np.random.default_rng(6)
+    N, D = np.logspace(7, 9, 6), np.logspace(9, 11, 6)[rng.permutation(6)]
+    loss = TRUE.predict(N, D) * np.exp(rng.normal(0, 0.01, 6))
+    loss[3] = 1e300
+    law = ScalingLaw().fit(N, D, loss)
+    with np.errstate(over="ignore", invalid="ignore"):
+        found = law.bootstrap(100).intervals()
+    unbounded = [k for k, v in found.items() if not np.isfinite(v).all()]
+    assert unbounded, found
+    by = {c.name: c for c in diagnose(law.params_, loss.min(), found).params}
+    assert all(by[k].status == "degenerate" for k in unbounded), [by[k] for k in unbounded]
 
 
 def test_wide_intervals_and_grid_edges_are_weak():
@@ -157,6 +188,9 @@ def test_columns_of_ones_own_naming(tmp_path):
     [
         ("N,D,loss\n1e8,2e9,3.1\n1e8,nan,3.0\n", r"runs.csv:3: column 'D': 'nan'"),
         ("N,D,loss\n1e8,2e9,-1\n", r"runs.csv:2: column 'loss': '-1'"),
+        ("N,D,loss\n1e8,2e9,3.1\n1e8,4e9,inf\n", r"runs.csv:3: column 'loss': 'inf' is not a"),
+        ("N,D,loss\n1e8,2e9,1e300\n", r"runs.csv:2: column 'loss': '1e300' is not a loss in"),
+        ("N,D,loss\n1e8,2e9,100.5\n", r"runs.csv:2: column 'loss': '100.5' is not a loss in"),
         ("N,D,loss\n1e8,,3\n", r"runs.csv:2: column 'D': ''"),
         ("size,D,loss\n1e8,2e9,3\n", r"missing column\(s\) for N \(N or n or params"),
         ("N,loss\n1e8,3\n", r"missing column\(s\) for D or C"),

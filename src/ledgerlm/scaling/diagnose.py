@@ -3,6 +3,8 @@
 Per parameter of L = E + A N^-alpha + B D^-beta, from the fit and its bootstrap:
 
 - **degenerate**: the points do not determine it.
+  - A bootstrap interval with an end that is not finite (nan or inf: refits that
+    diverged, as a loss of 1e300 among the points makes them): nothing is bounded.
   - E driven to ~0, or a bootstrap interval of E reaching ~0 (below ``E_FLOOR`` of
     the lowest observed loss): the irreducible loss is not identified, and A, B and the
     exponents absorb it.
@@ -102,7 +104,11 @@ def diagnose(
             )
         if intervals and name in intervals:
             lo, hi = intervals[name]
-            if name == "E" and not degenerate and lo < E_FLOOR * min_loss:
+            if not (np.isfinite(lo) and np.isfinite(hi)):
+                degenerate.append(
+                    f"its interval [{lo:.3g}, {hi:.3g}] is not finite: bootstrap refits diverged"
+                )
+            elif name == "E" and not degenerate and lo < E_FLOOR * min_loss:
                 degenerate.append(
                     f"its interval [{lo:.3g}, {hi:.3g}] reaches ~0: the irreducible loss "
                     "is not identified"

@@ -8,9 +8,12 @@ loss (delta = 1e-3), summed over the points, of the log-loss residuals
 
 with A = exp(a), B = exp(b), E = exp(e) and LSE the log-sum-exp. The initial
 points are Hoffmann's grid (alpha, beta in {0, 0.5, ..., 2}; e in {-1, -0.5,
-..., 1}; a, b in {0, 5, ..., 25}: 4,500 starts), evaluated at once with numpy;
-the best few are polished with L-BFGS-B (analytic gradient, tight tolerances)
-and the best result is kept.
+..., 1}; a, b in {0, 5, ..., 25}: 4,500 starts), evaluated with numpy over blocks
+of points (``grid_objective``: the product's terms computed once per point, the sums
+accumulated per start); the best few are polished with L-BFGS-B (analytic gradient,
+tight tolerances) and the best result is kept. The objective too takes the points a
+pass of ``ROWS`` at a time: the grid search and every evaluation of the objective work
+in a few MB whatever the number of points, so a fit's memory is its points' arrays.
 
 Two details decide whether the optimizer converges. The objective is summed,
 not averaged: L-BFGS-B's ``ftol`` test is relative to max(|f|, 1), so a mean
@@ -52,6 +55,13 @@ HOFFMANN_GRID: dict[str, np.ndarray] = {
 
 # Tight L-BFGS-B settings for the full fit and the bootstrap refits.
 TIGHT = {"ftol": 1e-15, "gtol": 1e-10, "maxiter": 20_000, "maxfun": 40_000}
+
+# Points per pass of the objective, and (point, grid point) pairs per block of the grid
+# search: the memory of a fit does not grow with its number of points. A pass's arrays
+# (64 KB) stay under glibc's threshold for mapping memory afresh: at 32,768 points each
+# call of the objective page-faulted its temporaries in again and ran 5x slower.
+ROWS = 8192
+BLOCK = 1 << 18
 
 
 # ---------------------------------------------------------------------------
@@ -100,14 +110,7 @@ def huber(r, delta: float = DELTA) -> np.ndarray:
     return np.where(ar <= delta, 0.5 * r * r, delta * (ar - 0.5 * delta))
 
 
-def huber_objective(
-    theta, log_N, log_D, log_loss, delta: float = DELTA, weights=None
-) -> tuple[float, np.ndarray]:
-    """Summed Huber loss of the log residuals and its gradient with respect to theta.
-
-    ``theta`` = (e, a, b, alpha, beta); ``weights`` (optional) multiplies each
-    point's term, so integer counts give a bootstrap resample without copying.
-    """
+def _huber_terms(theta, log_N, log_D, log_loss, delta, weights) -> tuple[float, np.ndarray]:
     e, a, b, alpha, beta = theta
     u1 = a - alpha * log_N
     u2 = b - beta * log_D
@@ -132,17 +135,87 @@ def huber_objective(
     return float(value), grad
 
 
+def huber_objective(
+    theta, log_N, log_D, log_loss, delta: float = DELTA, weights=None, rows: int = ROWS
+) -> tuple[float, np.ndarray]:
+    """Summed Huber loss of the log residuals and its gradient with respect to theta.
+
+    ``theta`` = (e, a, b, alpha, beta); ``weights`` (optional) multiplies each
+    point's term, so integer counts give a bootstrap resample without copying. The
+    points are taken ``rows`` at a time (views, the sums accumulated), so the
+    temporaries stay the same size whatever the number of points; up to ``rows``
+    points it is one pass.
+    """
+    n = len(log_loss)
+    if n <= rows:
+        return _huber_terms(theta, log_N, log_D, log_loss, delta, weights)
+    value, grad = 0.0, np.zeros(5)
+    for lo in range(0, n, rows):
+        part = slice(lo, lo + rows)
+        w = None if weights is None else weights[part]
+        f, g = _huber_terms(theta, log_N[part], log_D[part], log_loss[part], delta, w)
+        value += f
+        grad += g
+    return value, grad
+
+
+def _grid_block(axes, log_N, log_D, log_loss, delta, work) -> np.ndarray:
+    """The summed Huber loss of a few points at every grid point, shape (E, A, B, AL, BE).
+
+    The grid is a Cartesian product, so exp(a - alpha log N) takes only |a| x |alpha|
+    values per point (and exp(b - beta log D) |b| x |beta|): those are computed once per
+    point, shifted by the point's largest exponent, and each grid point's log-sum-exp is
+    the log of a sum of three of them. A grid point whose three terms all underflow after
+    the shift gets its log-sum-exp directly instead. ``work``: three buffers of at least
+    the points' number of rows, reused from block to block (fresh arrays of this size
+    would be mapped and unmapped each time)."""
+    e, a, b, alpha, beta = axes
+    n = len(log_loss)
+    r, psi, tmp = (w[:n] for w in work)
+    u1 = a[None, :, None] - alpha[None, None, :] * log_N[:, None, None]  # (n, A, AL)
+    u2 = b[None, :, None] - beta[None, None, :] * log_D[:, None, None]  # (n, B, BE)
+    m = np.maximum(np.maximum(u1.max(axis=(1, 2)), u2.max(axis=(1, 2))), e.max())
+    x1 = np.exp(u1 - m[:, None, None])[:, None, :, None, :, None]
+    x2 = np.exp(u2 - m[:, None, None])[:, None, None, :, None, :]
+    x3 = np.exp(e[None, :] - m[:, None])[:, :, None, None, None, None]
+    np.add(x3 + x1, x2, out=r)
+    # a sum is 0 only where its three terms are: never when one kind of term is never 0
+    lost = None if (x3 > 0).all() or (x1 > 0).all() or (x2 > 0).all() else r == 0
+    with np.errstate(divide="ignore"):
+        np.log(r, out=r)
+    if lost is not None and lost.any():
+        i, ie, ia, ib, ial, ibe = np.nonzero(lost)
+        r[lost] = np.logaddexp(np.logaddexp(u1[i, ia, ial], u2[i, ib, ibe]), e[ie]) - m[i]
+    r += (m - log_loss)[:, None, None, None, None, None]  # predicted minus observed
+    np.clip(r, -delta, delta, out=psi)
+    r -= np.multiply(psi, 0.5, out=tmp)
+    r *= psi  # Huber(r) = psi (r - psi / 2), as in huber_objective
+    return r.sum(axis=0)
+
+
 def grid_objective(
-    grid: np.ndarray, log_N, log_D, log_loss, delta: float = DELTA, chunk: int = 2048
+    grid: dict[str, np.ndarray] | None,
+    log_N,
+    log_D,
+    log_loss,
+    delta: float = DELTA,
+    block: int = BLOCK,
 ) -> np.ndarray:
-    """Summed Huber loss at every row of ``grid`` (shape (G, 5), theta order), vectorized."""
-    out = np.empty(len(grid))
-    for lo in range(0, len(grid), chunk):
-        g = grid[lo : lo + chunk]
-        e, a, b, alpha, beta = (g[:, i : i + 1] for i in range(5))
-        pred = np.logaddexp(np.logaddexp(a - alpha * log_N, b - beta * log_D), e)
-        out[lo : lo + chunk] = huber(pred - log_loss, delta).sum(axis=1)
-    return out
+    """Summed Huber loss at every point of the initialization grid (``grid``: its axes,
+    keys e, a, b, alpha, beta; None for Hoffmann's), in ``make_grid``'s row order.
+
+    The points are streamed in blocks of about ``block`` (point, grid point) pairs and
+    the sums accumulated per grid point, so the memory used is a few blocks whatever the
+    number of points (and the grid's own size)."""
+    grid = HOFFMANN_GRID if grid is None else grid
+    axes = [np.asarray(grid[k], dtype=np.float64).ravel() for k in ("e", "a", "b", "alpha", "beta")]
+    out = np.zeros([len(x) for x in axes])
+    rows = max(1, min(block // out.size, len(log_loss)))
+    work = [np.empty((rows, *out.shape)) for _ in range(3)]
+    for lo in range(0, len(log_loss), rows):
+        part = slice(lo, lo + rows)
+        out += _grid_block(axes, log_N[part], log_D[part], log_loss[part], delta, work)
+    return out.ravel()
 
 
 def make_grid(grid: dict[str, np.ndarray] | None = None) -> np.ndarray:
@@ -313,7 +386,7 @@ class ScalingLaw:
         objective = self._objective()
         options = self._options()
         grid = make_grid(self.grid)
-        grid_f = grid_objective(grid, log_N, log_D, log_loss, self.delta)
+        grid_f = grid_objective(self.grid, log_N, log_D, log_loss, self.delta)
         order = np.argsort(grid_f, kind="stable")[: max(1, self.n_starts)]
         args = (log_N, log_D, log_loss, self.delta, None)
         best = None

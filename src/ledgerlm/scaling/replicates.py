@@ -27,13 +27,18 @@ REDUCTIONS = ("best", "mean", "none")
 
 def group_ids(N, D) -> np.ndarray:
     """One integer per row, equal for rows with the same (N, D), numbered in first-seen
-    order."""
-    N = np.asarray(N, dtype=np.float64)
-    D = np.asarray(D, dtype=np.float64)
-    pairs = np.stack([N, D], axis=1)
-    _, first, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
-    order = np.argsort(np.argsort(first, kind="stable"), kind="stable")
-    return order[inverse.ravel()]
+    order (from one sort of the rows: a few arrays of the rows' length)."""
+    N = np.asarray(N, dtype=np.float64).ravel()
+    D = np.asarray(D, dtype=np.float64).ravel()
+    order = np.lexsort((D, N))  # stable: each group's rows in file order
+    Ns, Ds = N[order], D[order]
+    starts = np.ones(N.size, dtype=bool)  # where a group begins in sorted order
+    starts[1:] = (Ns[1:] != Ns[:-1]) | (Ds[1:] != Ds[:-1])
+    ids = np.empty(N.size, dtype=np.int64)
+    ids[order] = np.cumsum(starts) - 1  # groups numbered in sorted order
+    renumber = np.empty(int(starts.sum()), dtype=np.int64)
+    renumber[np.argsort(order[starts], kind="stable")] = np.arange(renumber.size)
+    return renumber[ids]
 
 
 @dataclass(frozen=True)

@@ -8,19 +8,22 @@ can be named instead (``n_col=`` ...), so Epoch AI's reconstruction of the Chinc
 runs (``Model Size``, ``Training FLOP``, ``loss``) reads as it is. The header follows
 ``ledgerlm.tables`` (a byte-order mark and spaces around names are accepted, a name
 given twice is refused); a value that is not a positive finite number is refused with
-the file, the line and the column.
+the file, the line and the column, and so is a loss above ``MAX_LOSS`` nat/token. The
+rows are read one at a time into arrays of numbers (``ledgerlm.tables.scan_csv``), so a
+table of a million rows takes its numbers' memory, not its text's.
 """
 
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ledgerlm.scaling.law import KAPPA
-from ledgerlm.tables import read_csv
+from ledgerlm.tables import scan_csv
 
 KNOWN = {
     "N": ("N", "n", "params", "parameters", "Model Size", "model_size"),
@@ -29,6 +32,11 @@ KNOWN = {
     "loss": ("loss", "Loss", "val_loss", "final_loss"),
     "lr": ("lr", "learning_rate", "LR"),
 }
+
+# No language model's loss is above this many nat/token (the uniform guess over a
+# vocabulary of a million tokens is 13.8): a larger one is a diverged run or another
+# unit (a loss per sequence, a perplexity), and one such row decides the fit.
+MAX_LOSS = 100.0
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,16 @@ def _number(value: str, path: Path, line: int, column: str) -> float:
     return x
 
 
+def _loss(value: str, path: Path, line: int, column: str) -> float:
+    x = _number(value, path, line, column)
+    if x > MAX_LOSS:
+        raise ValueError(
+            f"{path}:{line}: column {column!r}: {value!r} is not a loss in nat/token (above "
+            f"{MAX_LOSS:g}): a diverged run, or another unit?"
+        )
+    return x
+
+
 def read_points(
     path: str | Path,
     *,
@@ -92,10 +110,10 @@ def read_points(
 ) -> TablePoints:
     """The rows of ``path`` as points; see the module for the columns looked for.
 
-    The file is read by ``ledgerlm.tables.read_csv`` (its header rules: a byte-order
+    The file is read by ``ledgerlm.tables.scan_csv`` (its header rules: a byte-order
     mark, spaces around names, duplicated names). ``budget_col`` names a column of
     isoFLOP budget labels (numbers, e.g. 6e18), returned as ``budget``."""
-    table = read_csv(path)
+    table = scan_csv(path)
     path, fields = table.path, table.header
     where = f"{path}:{table.header_line}"
     n = _column(fields, "N", n_col, where)
@@ -115,14 +133,15 @@ def read_points(
     if missing:
         raise ValueError(f"{where}: missing column(s) for {'; '.join(missing)}")
     wanted = [n, d or c, loss, *(x for x in (lr, budget_col) if x is not None)]
-    index = [table.column(col) for col in wanted]
-    arr = np.array(
-        [
-            [_number(cells[i], path, line, col) for i, col in zip(index, wanted, strict=True)]
-            for line, cells in table.rows
-        ]
-    )
-    N, second, losses = arr[:, 0], arr[:, 1], arr[:, 2]
+    read = [(table.column(col), col, _loss if col == loss else _number) for col in wanted]
+    values = [array("d") for _ in wanted]
+    lines = array("q")
+    for line, cells in table:
+        lines.append(line)
+        for (i, col, number), out in zip(read, values, strict=True):
+            out.append(number(cells[i], path, line, col))
+    arr = [np.array(v, dtype=np.float64) for v in values]
+    N, second, losses = arr[0], arr[1], arr[2]
     D = second if d is not None else second / (kappa * N)
     columns = {"N": n, "D": d if d is not None else f"{c} / ({kappa:g} N)", "loss": loss}
     if lr is not None:
@@ -131,10 +150,10 @@ def read_points(
         N,
         D,
         losses,
-        arr[:, 3] if lr is not None else None,
-        np.array([line for line, _ in table.rows]),
+        arr[3] if lr is not None else None,
+        np.array(lines, dtype=np.int64),
         columns,
-        arr[:, -1] if budget_col is not None else None,
+        arr[-1] if budget_col is not None else None,
     )
 
 

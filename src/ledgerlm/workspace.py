@@ -312,8 +312,15 @@ class Workspace:
         return self._inside("runs", run_id, "run")
 
     def search_file(self, search_id: str) -> Path:
-        """``mixtures/<search id>.json``: the result of a mixture search."""
-        return self._inside("mixtures", search_id, "search id").with_suffix(".json")
+        """``mixtures/<search id>.json``: a mixture search's plan, its finished trials and,
+        once complete, its result."""
+        path = self._inside("mixtures", search_id, "search id")
+        return path.with_name(f"{path.name}.json")  # an id may hold dots: not a suffix
+
+    def sweep_file(self, sweep_id: str) -> Path:
+        """``sweeps/<sweep id>.json``: a sweep's plan, written before its first point."""
+        path = self._inside("sweeps", sweep_id, "sweep id")
+        return path.with_name(f"{path.name}.json")
 
     def resolve_search(self, ref: str) -> str:
         """A mixture search id: exact, a unique prefix, or ``latest`` (newest file)."""

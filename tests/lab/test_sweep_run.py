@@ -2,14 +2,18 @@
 the ledger. The plans themselves: tests/scaling/test_sweep.py."""
 
 import json
+import re
 
+import numpy as np
 import pytest
 
 from cli_runner import TINY
 from ledgerlm.config import load_recipe
-from ledgerlm.lab.sweep import run_sweep, sweep_points
+from ledgerlm.lab.scaling import fit, fit_summary, load_points
+from ledgerlm.lab.sweep import record_plan, run_sweep, sweep_id_of, sweep_points
 from ledgerlm.ledger import Ledger
 from ledgerlm.ledger.store import LedgerError
+from ledgerlm.scaling.law import LawParams
 from ledgerlm.scaling.sweep import EVENT, SweepError, param_count, plan
 from ledgerlm.workspace import Workspace
 
@@ -97,6 +101,63 @@ def test_sweep_points_read_n_tokens_and_final_loss(tmp_path):
             sweep_points(ledger, "tiny-sweep-ab")
 
 
+def test_the_fit_names_planned_points_without_a_result(tmp_path):
+    # a plan of 6 points kept before the sweep ran; 4 finished, 1 interrupted, 1 never ran
+    points = plan(BASE, [5e4, 9e4, 1.3e5], tokens=[2e4, 4e4])
+    ws = Workspace(tmp_path)
+    sid = sweep_id_of(BASE, points)
+    record_plan(ws, sid, BASE, points)
+    law = LawParams(E=1.8, A=300.0, B=900.0, alpha=0.32, beta=0.30)
+
+    def finished(ledger, i):
+        p = points[i]
+        event = {"sweep_id": sid, "index": i, "of": 6, "point": p.to_dict(), "N": p.N}
+        loss = float(law.predict(np.array([p.N]), np.array([p.D]))[0])
+        name = f"{sid}-{p.name}"
+        return _fake_run(ledger, name, p.recipe(BASE), tokens=p.D, losses=[loss], event=event)
+
+    with Ledger(ws.ledger_path) as ledger:
+        for i in range(4):
+            finished(ledger, i)
+        recipe = points[4].recipe(BASE)
+        killed = ledger.create_run(
+            f"{sid}-{points[4].name}",
+            recipe.to_dict(),
+            target_metric="loss",
+            target_value=1.0,
+            eval_every=1,
+        )
+    ws.run_dir(killed).mkdir(parents=True)
+    (ws.run_dir(killed) / ".lock").touch()  # nobody holds it: the process died
+    line = (
+        f"sweep {sid}: 2 of 6 planned points have no result: N=1.3e5 D=2e4 (run {killed}: "
+        "interrupted); N=1.3e5 D=4.1e4 (not run)"
+    )
+    with pytest.raises(ValueError, match=re.escape(f"got 4; {line}")):
+        fit(load_points(sid, workspace=ws))
+
+    with Ledger(ws.ledger_path) as ledger:
+        finished(ledger, 5)
+    summary = fit_summary(fit(load_points(sid, workspace=ws)))
+    line = (
+        f"sweep {sid}: 1 of 6 planned points has no result: N=1.3e5 D=2e4 (run {killed}: "
+        "interrupted)"
+    )
+    assert summary["warnings"][0] == line and summary["missing"]["planned"] == 6
+    assert summary["missing"]["points"] == [
+        {
+            "point": points[4].name,
+            "N": points[4].N,
+            "D": points[4].D,
+            "run": killed,
+            "why": "interrupted",
+        }
+    ]
+    # a sweep without a kept plan (older code) has nothing to say about missing points
+    ws.sweep_file(sid).unlink()
+    assert fit_summary(fit(load_points(sid, workspace=ws)))["missing"] is None
+
+
 def test_n_without_a_sweep_event_uses_the_trained_vocabulary(tmp_path):
     ws = Workspace(tmp_path)
     folder = ws.version_dir("tokens", "tok1")
@@ -127,10 +188,16 @@ def test_a_failed_point_stays_in_the_sweep(tmp_path):
             assert len(found) == 0 and [why for _, why in found.skipped] == ["status failed"] * n
         event = _event(ledger, ids[1])
         assert event["index"] == 1 and "loss/poetry" in event["failed"]
-        with pytest.raises(SweepError, match="already in the ledger"):
-            run_sweep(base, points, ws, sweep_id="tiny-sweep-000002")
-    with pytest.raises(SweepError, match="expected <name>-sweep-<6 hex digits>"):
-        run_sweep(base, points, ws, sweep_id="mine")
+    # run again, the sweep continues its failed point in the same ledger run (a restart,
+    # as it had no checkpoint), where it fails again: no second run of it
+    with pytest.raises(ValueError, match="loss/poetry"):
+        run_sweep(base, points, ws, sweep_id="tiny-sweep-000002")
+    with Ledger(ws.ledger_path) as ledger:
+        assert len(ledger.list_runs()) == 3
+        restores = [p for p in ledger.run_summary(ids[0])["phases"] if p["kind"] == "restore"]
+        assert [p["detail"]["restart"] for p in restores] == [True]
+    with pytest.raises(SweepError, match="expected a name of"):
+        run_sweep(base, points, ws, sweep_id="../mine")
 
 
 def _event(ledger, run_id):

@@ -17,6 +17,7 @@ from ledgerlm.scaling.sweep import (
     param_count,
     plan,
     smallest_shape,
+    sweep_id,
     tokens_per_step,
 )
 
@@ -118,6 +119,21 @@ def test_plans_are_deterministic():
     a = plan(BASE, [3e5, 1e6], tokens=[5e4, 1.5e5], lr_rule="sqrt")
     b = plan(BASE, [3e5, 1e6], tokens=[5e4, 1.5e5], lr_rule="sqrt")
     assert [p.to_dict() for p in a] == [p.to_dict() for p in b]
+
+
+def test_a_sweep_id_is_its_plans_hash():
+    # the same plan, the same id (so running it again continues it); another grid, rule
+    # or seed, another id
+    grid = ([3e5, 1e6], [5e4, 1.5e5])
+    same = sweep_id(BASE, plan(BASE, *grid))
+    assert same == sweep_id(BASE, plan(BASE, *grid)) and same.startswith("tiny-sweep-")
+    seeded = load_recipe(TINY, ["train.seed=7"])
+    others = {
+        sweep_id(BASE, plan(BASE, [3e5, 1e6], [5e4, 2e5])),
+        sweep_id(BASE, plan(BASE, *grid, lr_rule="sqrt")),
+        sweep_id(seeded, plan(seeded, *grid)),
+    }
+    assert same not in others and len(others) == 3
 
 
 def test_the_tuning_rule_is_explicit_and_recorded():

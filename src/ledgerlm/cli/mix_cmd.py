@@ -199,6 +199,14 @@ def search(
         ),
     ] = "regmix",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the draws and the fit.")] = 0,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--name",
+            help="The search id (its trials are named <name>-tNN). Default: "
+            "<recipe>-mix-<6 hex of the search's settings>, so the same command continues it.",
+        ),
+    ] = None,
     workspace: WorkspaceOpt = DEFAULT_WS,
     set_: SetOpt = None,
     as_json: JsonOpt = False,
@@ -215,6 +223,10 @@ def search(
     data.mixture.from_search=<search id>, which charges it the search's time as a
     `search` phase. `ledgerlm mix verify` runs the found and the baseline mixture at
     scale.
+
+    The record is written before the first trial and as each trial finishes: the same
+    command run again continues the search, reusing its finished trials and resuming the
+    interrupted one from its checkpoint.
     """
     from ledgerlm.lab.mix_search import doremi_search, search_mixture
     from ledgerlm.workspace import Workspace
@@ -227,7 +239,11 @@ def search(
     if method == "doremi":
         with RichProgress(lines=not as_json) as progress:
             record = doremi_search(
-                base, Workspace(workspace), proxy=list(proxy or []), progress=progress
+                base,
+                Workspace(workspace),
+                proxy=list(proxy or []),
+                progress=progress,
+                search_id=name,
             )
         if as_json:
             console.print_json(json.dumps(record))
@@ -245,6 +261,7 @@ def search(
             seed=seed,
             model=model,
             progress=progress,
+            search_id=name,
         )
     if as_json:
         console.print_json(json.dumps(record))

@@ -182,6 +182,14 @@ def run_cmd(
             "run the next point instead of stopping.",
         ),
     ] = False,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--name",
+            help="The sweep id (its runs are named <name>-<point>). Default: "
+            "<recipe>-sweep-<6 hex of the plan's hash>, so the same command continues it.",
+        ),
+    ] = None,
     workspace: WorkspaceOpt = DEFAULT_WS,
     set_: SetOpt = None,
     as_json: JsonOpt = False,
@@ -192,14 +200,18 @@ def run_cmd(
     reuse them. Each run trains its full budget (no early stop at the target), keeps its
     whole curve in the ledger, is named <sweep id>-<point> and carries a `sweep` event with
     the point, its overrides and the tuning rule. Prints the sweep id for `scale fit`.
+
+    The sweep id comes from the plan (recipe, grid, rule) or --name, and the plan is kept
+    in sweeps/<sweep id>.json before the first run: the same command run again continues
+    the sweep, reusing the points that finished and resuming the one that was interrupted
+    from its checkpoint.
     """
-    from ledgerlm.lab.sweep import run_sweep, sweep_points
+    from ledgerlm.lab.sweep import run_sweep, sweep_id_of, sweep_points
     from ledgerlm.ledger.store import Ledger
-    from ledgerlm.scaling.sweep import new_sweep_id
     from ledgerlm.workspace import Workspace
 
     base, points = _plan(recipe, set_, sizes, tokens, flops, lr_rule)
-    sweep_id = new_sweep_id(base)
+    sweep_id = sweep_id_of(base, points, name)
     ws = Workspace(workspace)
     if not as_json:
         console.print(

@@ -19,8 +19,8 @@ the cost of the decision.
 
 from __future__ import annotations
 
+import hashlib
 import json
-import secrets
 import time
 import tomllib
 from dataclasses import dataclass
@@ -29,14 +29,22 @@ from typing import Any
 
 import numpy as np
 
-from ledgerlm.config import Recipe, apply_overrides, recipe_from_dict
+from ledgerlm.config import (
+    NAME_MAX,
+    NAME_RULE,
+    Recipe,
+    apply_overrides,
+    is_name,
+    recipe_from_dict,
+    shown,
+)
 from ledgerlm.ledger.mixture import plan_event
 from ledgerlm.ledger.store import Ledger
 from ledgerlm.mixture.doremi import ETA, SMOOTHING, doremi_update, excess_loss
 from ledgerlm.mixture.regress import dirichlet_around, fit_regression, recommend
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.train.evaluate import EvalCallback
-from ledgerlm.workspace import Workspace, atomic_write_json
+from ledgerlm.workspace import Workspace, atomic_write_json, read_json
 
 EVENT = "mix_search"
 OBJECTIVES = ("loss", "worst")  # or loss/<domain>
@@ -48,10 +56,6 @@ class Trial:
     weights: dict[str, float]
     metrics: dict[str, float]  # the final evaluation's (loss and loss/<domain>)
     seconds: float  # the run's wall time (all its phases)
-
-
-def new_search_id(base: Recipe) -> str:
-    return f"{base.name}-mix-{secrets.token_hex(3)}"
 
 
 def proxy_recipe(base: Recipe, proxy: list[str]) -> Recipe:
@@ -94,6 +98,81 @@ def _write_event(workspace: Workspace, run_id: str, message: dict[str, Any]) -> 
         ledger.add_event(run_id, EVENT, json.dumps(message))
 
 
+def search_id_of(base: Recipe, plan: dict[str, Any], name: str | None = None) -> str:
+    """The search's id: ``name`` when given, else ``<recipe>-mix-<6 hex>`` of the plan's
+    hash (``plan_digest``): the same command gets the same id, so it continues."""
+    found = name or f"{base.name}-mix-{plan_digest(plan)[:6]}"
+    if not is_name(found) or len(f"{found}-proxy") > NAME_MAX:
+        raise ValueError(
+            f"search id {shown(found)}: expected a name of {NAME_RULE} (its trials add "
+            "up to 6 characters)"
+        )
+    return found
+
+
+def plan_digest(plan: dict[str, Any]) -> str:
+    """A hash of what determines a search: the base recipe's digest (its seed included)
+    and the search's settings (method, proxy overrides, trials, draws, fit)."""
+    blob = json.dumps(plan, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _plan(base: Recipe, method: str, proxy: list[str], **settings: Any) -> dict[str, Any]:
+    return {"method": method, "base_recipe_sha256": base.digest(), "proxy": proxy, **settings}
+
+
+def start_record(workspace: Workspace, search_id: str, plan: dict[str, Any]) -> dict[str, Any]:
+    """The search's record in ``mixtures/<search id>.json``: read back (it must hold the
+    same plan) when the search ran before, else written now, before its first trial, with
+    no trial yet and ``complete`` false."""
+    path = workspace.search_file(search_id)
+    digest = plan_digest(plan)
+    if path.is_file():
+        try:
+            record = read_json(path)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path}: not a search record ({exc})") from None
+        if not isinstance(record, dict) or record.get("plan_sha256") != digest:
+            raise ValueError(
+                f"{path}: search {search_id} was planned from another recipe or settings; "
+                "run it with the same recipe and flags, or give this one another --name"
+            )
+        return record
+    record = {
+        "search_id": search_id,
+        "plan": plan,
+        "plan_sha256": digest,
+        "complete": False,
+        "trials": [],
+        "trial_seconds": 0.0,
+        "other_seconds": 0.0,
+        "seconds": 0.0,
+    }
+    atomic_write_json(path, record)
+    return record
+
+
+class _Clock:
+    """The search's wall time over every command that worked on it: its trials' time as
+    the ledger charges each run (a killed run's time up to its last heartbeat included,
+    the time between the kill and the resume not), plus the time around them (versions,
+    the fit) that each command spent, as of its last write."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self.started = time.perf_counter()
+        self.before = float(record.get("other_seconds", 0.0))
+        self.work = 0.0  # this command's seconds inside the trials it trained
+
+    def trained(self, run: Any) -> None:
+        self.work += float(run.summary["total_seconds"]) - run.seconds_before
+
+    def stamp(self, record: dict[str, Any], trial_seconds: float) -> None:
+        other = self.before + time.perf_counter() - self.started - self.work
+        record.update(
+            trial_seconds=trial_seconds, other_seconds=other, seconds=trial_seconds + other
+        )
+
+
 def search_mixture(
     base: Recipe,
     workspace: Workspace,
@@ -113,18 +192,28 @@ def search_mixture(
     Returns (and writes to ``mixtures/<search id>.json``) the search record: id,
     objective, natural mixture, trials (run, weights, final losses, seconds), the
     cross-validated regressions, the recommended mixture with its predicted losses, and
-    the search's wall time.
+    the search's wall time. The id is ``search_id`` (``--name``) or the plan's own
+    (``search_id_of``); the record is written before the first trial and again as each
+    trial finishes (atomically, ``complete`` false until the fit), and each trial is
+    continued (``lab.resume.continue_run``): running the same search again reuses the
+    finished trials, resumes the interrupted one, and trains nothing twice.
     """
     from ledgerlm.lab.mixture import segments  # imports the token store
-    from ledgerlm.lab.run import run_recipe  # the runner imports torch
+    from ledgerlm.lab.resume import continue_run  # the runner imports torch
     from ledgerlm.tokens.shards import TokenStore
 
     if trials < 3:
         raise ValueError(f"--trials {trials}: a regression needs at least 3 trials")
     progress = progress or NullProgress()
-    started = time.perf_counter()
-    search_id = search_id or new_search_id(base)
     proxied = proxy_recipe(base, proxy)
+    settings = {"trials": trials, "objective": objective, "concentration": concentration}
+    settings.update(seed=seed, model=model, candidates=candidates)
+    plan = _plan(base, "regmix", proxy, **settings)
+    search_id = search_id_of(base, plan, search_id)
+    record = start_record(workspace, search_id, plan)
+    if record["complete"]:
+        return record
+    clock = _Clock(record)
     done: list[Trial] = []
     natural: dict[str, float] = {}
     domains: list[str] = []
@@ -137,10 +226,11 @@ def search_mixture(
                 assert mixtures is not None
                 mix = {d: float(w) for d, w in zip(domains, mixtures[i - 1], strict=True)}
             recipe = _trial(proxied, f"{search_id}-t{i:02d}", mix)
-            result = run_recipe(recipe, workspace, progress)
-            summary = result.summary
+            run = continue_run(recipe, workspace, progress)
+            clock.trained(run)
+            summary = run.summary
             if i == 0:
-                store = TokenStore(result.tokens.path)
+                store = TokenStore(run.tokens.path)
                 domains = list(store.domains)
                 check_objective(objective, domains)
                 (seg,) = segments(recipe, store)
@@ -150,32 +240,35 @@ def search_mixture(
                 mixtures = dirichlet_around(center, c, trials - 1, seed)
                 mix = natural
             last = summary["evaluations"][-1]["metrics"]
-            trial = Trial(result.run_id, dict(mix), dict(last), float(summary["total_seconds"]))
+            trial = Trial(run.run_id, dict(mix), dict(last), float(summary["total_seconds"]))
             done.append(trial)
-            _write_event(
-                workspace,
-                result.run_id,
-                {"search_id": search_id, "index": i, "of": trials, "weights": trial.weights},
-            )
-            task.advance(1, info=f"t{i:02d} loss {last.get('loss', float('nan')):.4f}")
-    record = fit_search(
-        done,
-        domains,
-        objective=objective,
-        concentration=concentration if concentration is not None else float(len(domains)),
-        seed=seed,
-        model=model,
-        candidates=candidates,
-    )
+            if run.how != "reused" or not any(e["kind"] == EVENT for e in summary["events"]):
+                message = {"search_id": search_id, "index": i, "of": trials}
+                _write_event(workspace, run.run_id, {**message, "weights": trial.weights})
+            record.update(domains=domains, natural=natural, trials=[_trial_row(t) for t in done])
+            clock.stamp(record, sum(t.seconds for t in done))
+            atomic_write_json(workspace.search_file(search_id), record)
+            info = f"t{i:02d} loss {last.get('loss', float('nan')):.4f}"
+            task.advance(1, info=info if run.how == "started" else f"{info} ({run.how})")
     record.update(
-        search_id=search_id,
-        base_recipe=base.name,
-        proxy=proxy,
-        seconds=time.perf_counter() - started,
-        trial_seconds=sum(t.seconds for t in done),
+        fit_search(
+            done,
+            domains,
+            objective=objective,
+            concentration=concentration if concentration is not None else float(len(domains)),
+            seed=seed,
+            model=model,
+            candidates=candidates,
+        )
     )
+    record.update(base_recipe=base.name, proxy=proxy, complete=True)
+    clock.stamp(record, sum(t.seconds for t in done))
     atomic_write_json(workspace.search_file(search_id), record)
     return record
+
+
+def _trial_row(t: Trial) -> dict[str, Any]:
+    return {"run": t.run_id, "weights": t.weights, "metrics": t.metrics, "seconds": t.seconds}
 
 
 def _trial(proxied: Recipe, name: str, mix: Any) -> Recipe:
@@ -222,10 +315,7 @@ def fit_search(
         "domains": domains,
         "natural": natural,
         "concentration": concentration,
-        "trials": [
-            {"run": t.run_id, "weights": t.weights, "metrics": t.metrics, "seconds": t.seconds}
-            for t in trials
-        ],
+        "trials": [_trial_row(t) for t in trials],
         "regressions": {name: fit.to_dict() for name, fit in fits.items()},
         "recommended": {d: float(w) for d, w in zip(domains, best, strict=True)},
         "predicted": predicted,
@@ -374,21 +464,41 @@ def doremi_search(
 
     Per-domain excess loss is measured on the fixed validation set at the evaluation
     interval, not per training batch as in the paper.
+
+    Ids and records as ``search_mixture``: running it again reuses a finished run, resumes
+    an interrupted reference, and restarts an interrupted proxy from step 0 in the same
+    ledger run (its reweighting state is in no checkpoint; its recorded evaluations are
+    reused where the weights match).
     """
-    from ledgerlm.lab.run import run_recipe  # the runner imports torch
+    from ledgerlm.lab.resume import continue_run  # the runner imports torch
 
     progress = progress or NullProgress()
-    started = time.perf_counter()
-    search_id = search_id or new_search_id(base)
+    plan = _plan(base, "doremi", proxy, eta=ETA, smoothing=SMOOTHING)
+    search_id = search_id_of(base, plan, search_id)
+    record = start_record(workspace, search_id, plan)
+    if record["complete"]:
+        return record
+    clock = _Clock(record)
     proxied = proxy_recipe(base, proxy)
-    ref = run_recipe(_trial(proxied, f"{search_id}-ref", "natural"), workspace, progress)
+    ref = continue_run(_trial(proxied, f"{search_id}-ref", "natural"), workspace, progress)
+    clock.trained(ref)
     domains = sorted(k.split("/", 1)[1] for k in ref.summary["evaluations"][-1]["metrics"]
                      if k.startswith("loss/"))  # fmt: skip
     reference = {int(e["step"]): e["metrics"] for e in ref.summary["evaluations"]}
+    ref_row = {"run": ref.run_id, "seconds": float(ref.summary["total_seconds"])}
+    record.update(domains=domains, trials=[ref_row])
+    clock.stamp(record, ref_row["seconds"])
+    atomic_write_json(workspace.search_file(search_id), record)
     reweighting = DoReMiCallback(domains, reference)
     uniform = {d: 1.0 / len(domains) for d in domains}
     trial = _trial(proxied, f"{search_id}-proxy", uniform)
-    run = run_recipe(trial, workspace, progress, callbacks=[reweighting])
+    run = continue_run(trial, workspace, progress, callbacks=[reweighting], restart=True)
+    if run.how == "reused":
+        raise ValueError(
+            f"search {search_id}: its proxy run {run.run_id} finished but the record was not "
+            "written, so its reweighting is lost; give the search another --name"
+        )
+    clock.trained(run)
     for i, result in enumerate((ref, run)):
         _write_event(
             workspace,
@@ -396,25 +506,33 @@ def doremi_search(
             {"search_id": search_id, "index": i, "of": 2, "method": "doremi"},
         )
     averaged = reweighting.averaged()
-    record = {
-        "search_id": search_id,
-        "method": "doremi",
-        "base_recipe": base.name,
-        "proxy": proxy,
-        "domains": domains,
-        "natural": {d: float(w) for d, w in zip(domains, _natural(ref), strict=True)},
-        "eta": ETA,
-        "smoothing": SMOOTHING,
-        "reference": {"run": ref.run_id, "metrics": ref.summary["evaluations"][-1]["metrics"]},
-        "proxy_run": {"run": run.run_id, "metrics": run.summary["evaluations"][-1]["metrics"]},
-        "history": reweighting.history,
-        "recommended": {d: float(w) for d, w in zip(domains, averaged, strict=True)},
-        "objective": "excess loss (DoReMi)",
-        "trials": [
-            {"run": r.run_id, "seconds": float(r.summary["total_seconds"])} for r in (ref, run)
-        ],
-        "seconds": time.perf_counter() - started,
-    }
+    trials = [ref_row, {"run": run.run_id, "seconds": float(run.summary["total_seconds"])}]
+    record.update(
+        {
+            "search_id": search_id,
+            "method": "doremi",
+            "base_recipe": base.name,
+            "proxy": proxy,
+            "domains": domains,
+            "natural": {d: float(w) for d, w in zip(domains, _natural(ref), strict=True)},
+            "eta": ETA,
+            "smoothing": SMOOTHING,
+            "reference": {
+                "run": ref.run_id,
+                "metrics": ref.summary["evaluations"][-1]["metrics"],
+            },
+            "proxy_run": {
+                "run": run.run_id,
+                "metrics": run.summary["evaluations"][-1]["metrics"],
+            },
+            "history": reweighting.history,
+            "recommended": {d: float(w) for d, w in zip(domains, averaged, strict=True)},
+            "objective": "excess loss (DoReMi)",
+            "trials": trials,
+            "complete": True,
+        }
+    )
+    clock.stamp(record, sum(t["seconds"] for t in trials))
     atomic_write_json(workspace.search_file(search_id), record)
     return record
 

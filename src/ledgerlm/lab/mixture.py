@@ -60,8 +60,18 @@ def plan_recipe(
 
 
 def load_search(workspace: Workspace, ref: str) -> dict[str, Any]:
-    """A search record by id, unique prefix or ``latest``."""
-    return read_json(workspace.search_file(workspace.resolve_search(ref)))
+    """A finished search's record by id, unique prefix or ``latest``; a search still
+    under way (or killed) has no result yet, and is refused in one line."""
+    path = workspace.search_file(workspace.resolve_search(ref))
+    record = read_json(path)
+    if not record.get("complete", True):  # records of older code were written complete
+        plan = record.get("plan", {})
+        done = f"{len(record.get('trials', []))} of {plan.get('trials', 2)} trials"
+        raise ValueError(
+            f"{path}: mixture search {record.get('search_id')} has no result yet ({done} "
+            "done): run the same `ledgerlm mix search` again to finish it"
+        )
+    return record
 
 
 def use_search(recipe: Recipe, workspace: Workspace) -> tuple[Recipe, dict[str, Any] | None]:

@@ -5,38 +5,50 @@ The run is reopened as ``running`` and restored from its last checkpoint (a
 uninterrupted run would have made. The time between the death of the old process and
 the restore is not the run's work and is not charged; from the restore on, every second
 is in a phase again.
+
+``continue_run`` continues the run a plan names (a sweep's point, a search's trial):
+reused when it finished, resumed (or restarted) when it did not, started when the
+ledger has none; so running a plan again trains nothing twice.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from ledgerlm.config import load_recipe
+from ledgerlm.config import Recipe, load_recipe, recipe_from_dict
 from ledgerlm.lab.build import build_parts, placed, same_global_batch
 from ledgerlm.lab.continued import find_version
+from ledgerlm.lab.mixture import use_search
 from ledgerlm.lab.recorder import LedgerRecorder
 from ledgerlm.lab.run import (
     Handoff,
     RunResult,
     check_contract,
+    check_metric,
     checkpoint_extra,
     eval_sets,
     failing,
     follow,
     prepare_versions,
     run_lock,
+    run_recipe,
     train_run,
 )
 from ledgerlm.lab.sinks import check_sinks, open_sinks
+from ledgerlm.lab.status import interrupted
 from ledgerlm.ledger.store import Ledger, LedgerError
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.tokens.shards import TokenStore
 from ledgerlm.train.checkpoint import STATE, resolve_checkpoint
 from ledgerlm.train.distributed import World
 from ledgerlm.train.resume import ResumedEval
-from ledgerlm.workspace import Workspace
+from ledgerlm.workspace import BuiltVersion, Workspace
+
+FINISHED = ("reached", "not reached")
 
 
 def _earlier(summary: dict[str, Any]) -> list[dict[str, Any]]:
@@ -50,6 +62,7 @@ def resume_run(
     progress: Progress | None = None,
     world: World | None = None,
     restart: bool = False,
+    callbacks: Sequence[Any] = (),
 ) -> RunResult:
     """Continue a killed or failed run from its last checkpoint, in the same ledger run.
 
@@ -57,7 +70,7 @@ def resume_run(
     it trains again from step 0, from the same seed, so it makes the same updates; the
     time already spent stays on the bill. Evaluations the run already recorded stay; a
     step evaluated again reuses its row when the weights digest matches (see
-    ``ResumedEval``).
+    ``ResumedEval``). ``callbacks`` are added to the trainer's (one process only).
     """
     progress = progress or NullProgress()
     world = world or World()
@@ -65,6 +78,8 @@ def resume_run(
         return follow(None, workspace, world)
     handoff = Handoff(world)
     with handoff.guard():
+        if callbacks and world.distributed:
+            raise ValueError("extra trainer callbacks run in one process only")
         if not workspace.ledger_path.is_file():
             raise LedgerError(f"{workspace.ledger_path}: no ledger here (run something first)")
         ledger = Ledger(workspace.ledger_path)
@@ -77,7 +92,7 @@ def resume_run(
                 raise LedgerError(f"run {run_id} has finished ({run['status']}); nothing to resume")
             run_dir = workspace.run_dir(run_id)
             folder = run_dir / "checkpoint"
-            if not restart and not (resolve_checkpoint(folder) / STATE).is_file():
+            if not restart and not has_checkpoint(workspace, run_id):
                 raise LedgerError(
                     f"run {run_id} stopped before its first checkpoint "
                     "(train.checkpoint_every = N saves one every N updates): it can only "
@@ -110,6 +125,7 @@ def resume_run(
                     data = find_version(workspace, "data", run["data_version"])
                     tokens = find_version(workspace, "tokens", run["tokens_version"])
                     store = TokenStore(tokens.path)
+                    check_metric(recipe, store)  # as a fresh run checks it
                 handoff.send(
                     {
                         "data": data.version,
@@ -151,9 +167,89 @@ def resume_run(
                     checkpoints=(folder, checkpoint_extra(run_id, recipe)),
                     test=sets.test,
                     resumed=saved["trainer"] if saved else None,
+                    more=callbacks,
                 )
         summary = ledger.run_summary(run_id)
     finally:
         ledger.close()
     params = parts.model.num_params()
     return RunResult(run_id, data, tokens, summary, sets.entropy, params)
+
+
+def has_checkpoint(workspace: Workspace, run_id: str) -> bool:
+    """Whether the run has a checkpoint to resume from."""
+    return (resolve_checkpoint(workspace.run_dir(run_id) / "checkpoint") / STATE).is_file()
+
+
+class PlanConflict(LedgerError):
+    """A run a plan names that cannot be continued (another recipe, another process)."""
+
+
+@dataclass
+class Continued:
+    """A run ``continue_run`` continued: ``how`` (started, resumed, restarted, reused),
+    its versions, its summary as the ledger holds it now, and the wall time the ledger
+    charged it before (so ``summary["total_seconds"] - seconds_before`` is this call's)."""
+
+    run_id: str
+    how: str
+    data: BuiltVersion
+    tokens: BuiltVersion
+    summary: dict[str, Any]
+    seconds_before: float = 0.0
+
+
+def _planned_digest(recipe: Recipe, workspace: Workspace) -> str:
+    """The digest of the recipe the ledger stores for a run of ``recipe`` (a search it
+    names resolved, as ``run_recipe`` resolves it)."""
+    return use_search(recipe, workspace)[0].digest()
+
+
+def continue_run(
+    recipe: Recipe,
+    workspace: Workspace,
+    progress: Progress | None = None,
+    *,
+    callbacks: Sequence[Any] = (),
+    restart: bool = False,
+) -> Continued:
+    """The run named ``recipe.name``, continued: ``reused`` when it finished, ``resumed``
+    from its last checkpoint when it was interrupted or failed (``restarted`` from step 0
+    in the same ledger run when it died before its first checkpoint, or always with
+    ``restart``: for callbacks whose state no checkpoint keeps), ``started`` when the
+    ledger holds no run of that name. A run found must have trained this very recipe
+    (the same digest), and one that another process is training is refused
+    (``PlanConflict``)."""
+    found = None
+    if workspace.ledger_path.is_file():
+        with Ledger(workspace.ledger_path) as ledger:
+            named = [r for r in ledger.list_runs() if r["name"] == recipe.name]  # newest first
+            if named:
+                found = next((r for r in named if r["status"] in FINISHED), named[0])
+                before = ledger.run_summary(found["id"])
+                stored = recipe_from_dict(before["run"]["recipe"])
+    if found is None:
+        result = run_recipe(recipe, workspace, progress, callbacks=callbacks)
+        return Continued(result.run_id, "started", result.data, result.tokens, result.summary)
+    run_id = found["id"]
+    have, want = stored.digest(), _planned_digest(recipe, workspace)
+    if have != want:
+        raise PlanConflict(
+            f"run {run_id} is named {recipe.name} but trained another recipe (sha256 "
+            f"{have[:12]}, this one {want[:12]}): give the plan another name"
+        )
+    seconds = float(before["total_seconds"])
+    if found["status"] in FINISHED:
+        run = before["run"]
+        data = find_version(workspace, "data", run["data_version"])
+        tokens = find_version(workspace, "tokens", run["tokens_version"])
+        return Continued(run_id, "reused", data, tokens, before, seconds)
+    if found["status"] == "running" and not interrupted(workspace, found):
+        raise PlanConflict(
+            f"run {run_id} is being trained by another process: wait for it, or stop it "
+            "and run this again"
+        )
+    restart = restart or not has_checkpoint(workspace, run_id)
+    result = resume_run(workspace, run_id, progress, restart=restart, callbacks=callbacks)
+    how = "restarted" if restart else "resumed"
+    return Continued(run_id, how, result.data, result.tokens, result.summary, seconds)

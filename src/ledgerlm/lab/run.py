@@ -126,7 +126,8 @@ def check_contract(recipe: Recipe, world: World) -> None:
         )
 
 
-def _check_metric(recipe: Recipe, store: TokenStore) -> None:
+def check_metric(recipe: Recipe, store: TokenStore) -> None:
+    """The metric and the per-domain targets name domains the token version has."""
     metric = recipe.eval.metric
     if metric != "loss" and metric.split("/", 1)[1] not in store.domains:
         raise ValueError(
@@ -300,7 +301,7 @@ def prepare_versions(
         recorder.run_id, data_version=data.version, tokens_version=tokens.version
     )
     store = TokenStore(tokens.path)
-    _check_metric(recipe, store)
+    check_metric(recipe, store)
     return data, tokens, store
 
 

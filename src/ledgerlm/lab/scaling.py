@@ -72,7 +72,9 @@ class FitPoints:
     names each point (its run id, or ``line K`` of the CSV); ``runs`` one row (run, N, D,
     loss) per point read from the ledger (none from a CSV); ``skipped`` the ``[run id,
     reason]`` of the runs with no final point; ``lr`` each point's learning rate when
-    known; ``budget`` each point's isoFLOP budget label when the table has one.
+    known; ``budget`` each point's isoFLOP budget label when the table has one;
+    ``missing`` a sweep's planned points without a result (``planned``, ``points``,
+    ``line``: ``lab.sweep.missing_line``), None when none is missing or nothing was planned.
     """
 
     N: np.ndarray
@@ -85,6 +87,7 @@ class FitPoints:
     lr: np.ndarray | None = None
     budget: np.ndarray | None = None
     columns: dict[str, str] = field(default_factory=dict)
+    missing: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.labels:
@@ -98,7 +101,9 @@ class FitPoints:
 
     def distinct(self) -> int:
         """How many distinct (N, D) pairs there are (repeated seeds count once)."""
-        return len(set(zip(self.N.tolist(), self.D.tolist(), strict=True)))
+        from ledgerlm.scaling.replicates import group_ids
+
+        return int(group_ids(self.N, self.D).max()) + 1 if len(self.N) else 0
 
     def describe(self) -> str:
         """Where the points came from, in words (see ``describe_source``)."""
@@ -119,6 +124,7 @@ class FitPoints:
             pick(self.lr),
             pick(self.budget),
             self.columns,
+            self.missing,
         )
 
     def rows(self, idx: Sequence[int], why: str) -> list[dict[str, Any]]:
@@ -181,6 +187,10 @@ def load_points(
         "loss": "final validation loss",
     }
     rows = found.rows()
+    line = found.missing_line()
+    missing = None
+    if line is not None:
+        missing = {"planned": found.planned, "points": found.missing, "line": line}
     if params == "total":
         rows = [{**r, "N": int(n)} for r, n in zip(rows, N, strict=True)]
     return FitPoints(
@@ -193,6 +203,7 @@ def load_points(
         list(found.runs),
         found.lr,
         columns=columns,
+        missing=missing,
     )
 
 
@@ -361,11 +372,13 @@ def _fit_law(points: FitPoints, options: FitOptions) -> tuple[ScalingLaw, Bootst
 
     distinct = points.distinct()
     where = points.describe()
-    skipped = f" ({len(points.skipped)} runs without a final loss left out)"
+    left = f" ({len(points.skipped)} runs without a final loss left out)" if points.skipped else ""
+    if points.missing:  # the planned points without a result say more
+        left = f"; {points.missing['line']}"
     if distinct < MIN_POINTS:
         raise ValueError(
             f"{where}: the fit of E, A, B, alpha, beta needs at least {MIN_POINTS} points with "
-            f"distinct (N, D), got {distinct}{skipped if points.skipped else ''}"
+            f"distinct (N, D), got {distinct}{left}"
         )
     try:
         law = ScalingLaw().fit(points.N, points.D, points.loss)
@@ -442,8 +455,8 @@ def _isoflop(result: Fit) -> dict[str, Any]:
 def fit_summary(result: Fit, level: float = 0.95) -> dict[str, Any]:
     """The fit as a JSON-able dict: source, point counts, what was reduced and left out,
     warnings, parameters with their bootstrap intervals at ``level`` and their
-    diagnostics, log residuals, fitted range, held-out errors, isoFLOP grouping, runs
-    and skipped runs."""
+    diagnostics, log residuals, fitted range, held-out errors, isoFLOP grouping, runs,
+    skipped runs, and a sweep's planned points without a result."""
     from ledgerlm.scaling.diagnose import diagnose
 
     law, boot, used = result.law, result.boot, result.used
@@ -451,7 +464,8 @@ def fit_summary(result: Fit, level: float = 0.95) -> dict[str, Any]:
     r = np.asarray(law.residuals_, dtype=np.float64)
     distinct = used.distinct()
     diagnosis = diagnose(law.params_, float(used.loss.min()), intervals or None)
-    warnings = list(result.reduction.warnings())
+    warnings = [result.points.missing["line"]] if result.points.missing else []
+    warnings += result.reduction.warnings()
     if distinct < 2 * MIN_POINTS:
         warnings.append(
             f"{distinct} distinct points for 5 parameters: the fit is barely determined, "
@@ -484,6 +498,7 @@ def fit_summary(result: Fit, level: float = 0.95) -> dict[str, Any]:
         "isoflop": isoflop,
         "runs": used.runs,
         "skipped": result.points.skipped,
+        "missing": result.points.missing,
     }
 
 

@@ -34,13 +34,18 @@ sqrt(d_base / d_model)``. Warmup keeps the base recipe's share of its schedule
 warms up); the evaluation interval is ``ceil(max_steps / 8)`` (the last state is
 always evaluated); ``eval.stop_at_target = false`` and no token or wall-time budget,
 so every curve runs its full budget and stays whole in the ledger.
+
+**Sweep ids.** ``sweep_id`` is ``<recipe>-sweep-<6 hex>`` of ``plan_digest`` (the base
+recipe's digest and every point's overrides): the same plan always gets the same id,
+which is how running a sweep again continues it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
-import secrets
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -355,6 +360,15 @@ def plan(
 # -- sweep ids ------------------------------------------------------------------------
 
 
-def new_sweep_id(base: Recipe) -> str:
-    """``<recipe>-sweep-<6 hex>``: every run of the sweep is named with it as a prefix."""
-    return f"{base.name}-sweep-{secrets.token_hex(3)}"
+def plan_digest(base: Recipe, points: Sequence[PlanPoint]) -> str:
+    """A hash of what determines a sweep's runs: the base recipe (its seed included) and
+    every point's overrides (the grid and the tuning rule), in order."""
+    blob = json.dumps([base.digest(), [list(p.overrides) for p in points]])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def sweep_id(base: Recipe, points: Sequence[PlanPoint]) -> str:
+    """``<recipe>-sweep-<6 hex of plan_digest>``: the same plan always gets the same id,
+    so running the same sweep again continues it. Every run of the sweep is named with
+    it as a prefix."""
+    return f"{base.name}-sweep-{plan_digest(base, points)[:6]}"

@@ -60,6 +60,22 @@ def test_best_keeps_the_lowest_loss_of_each_learning_rate_group():
         reduce_replicates(N3, D3, L3, "median")
 
 
+def test_best_and_mean_equal_a_loop_over_the_groups():
+    rng = np.random.default_rng(3)
+    for _ in range(100):
+        n = int(rng.integers(1, 50))
+        N, D = rng.integers(1, 4, n).astype(float), rng.integers(1, 3, n).astype(float)
+        loss = rng.integers(1, 4, n) + 1.0  # ties within a group: the first row is kept
+        gid = group_ids(N, D)
+        groups = [np.flatnonzero(gid == g) for g in range(gid.max() + 1)]
+        best = reduce_replicates(N, D, loss, "best")
+        assert best.kept.tolist() == [rows[np.argmin(loss[rows])] for rows in groups]
+        np.testing.assert_array_equal(best.loss, loss[best.kept])
+        mean = reduce_replicates(N, D, loss, "mean")
+        assert mean.kept.tolist() == [rows[0] for rows in groups]
+        np.testing.assert_allclose(mean.loss, [loss[rows].mean() for rows in groups], rtol=1e-15)
+
+
 def test_group_ids_follow_first_appearance():
     assert group_ids([3, 1, 3, 2], [5, 5, 5, 5]).tolist() == [0, 1, 0, 2]
     rng = np.random.default_rng(5)  # against a dictionary of first appearances

@@ -111,17 +111,15 @@ def reduce_replicates(N, D, loss, how: str = "none") -> Reduced:
     if how == "none":
         kept = np.arange(len(N))
         out = (N, D, loss)
-    else:
-        kept = np.empty(n_groups, dtype=np.int64)
-        reduced = np.empty(n_groups)
-        for g in range(n_groups):
-            rows = np.flatnonzero(gid == g)
-            if how == "best":
-                kept[g] = rows[np.argmin(loss[rows])]
-                reduced[g] = loss[kept[g]]
-            else:
-                kept[g] = rows[0]
-                reduced[g] = loss[rows].mean()
+    else:  # one sort: each group's rows together, by loss for best, in file order within
+        order = np.lexsort((loss, gid)) if how == "best" else np.argsort(gid, kind="stable")
+        first = np.ones(len(N), dtype=bool)
+        first[1:] = gid[order][1:] != gid[order][:-1]
+        kept = order[first]  # best: the lowest loss, the first row of a tie; mean: the first
+        if how == "best":
+            reduced = loss[kept]
+        else:
+            reduced = np.bincount(gid, weights=loss, minlength=n_groups) / sizes
         out = (N[kept], D[kept], reduced)
     return Reduced(
         *out,

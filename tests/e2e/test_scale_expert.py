@@ -5,6 +5,7 @@ points listed, diagnostics, and a lifecycle table with intervals and flags."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,10 +17,9 @@ from reference_data import REFERENCE_CSV
 TRUE = LawParams(E=1.7, A=400.0, B=410.0, alpha=0.34, beta=0.28)
 
 
-@pytest.fixture
-def tuned_csv(tmp_path):
-    """6 sizes x 5 token counts, each tried at three learning rates (the middle one
-    best), in columns named as a user's table would name them."""
+def write_tuned_csv(path: Path) -> Path:
+    """6 sizes x 5 token counts from ``TRUE``, each tried at three learning rates (the
+    middle one best), in columns named as a user's table would name them."""
     rng = np.random.default_rng(0)
     lines = ["params,tokens,val_loss,learning_rate"]
     for n in np.logspace(7, 9, 6):
@@ -27,9 +27,13 @@ def tuned_csv(tmp_path):
             best = TRUE.predict(n, d) * np.exp(rng.normal(0, 0.005))
             for lr, worse in ((1e-3, 1.04), (3e-3, 1.0), (1e-2, 1.09)):
                 lines.append(f"{n:.6g},{d:.6g},{best * worse:.6f},{lr}")
-    path = tmp_path / "tuned.csv"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+@pytest.fixture
+def tuned_csv(tmp_path):
+    return write_tuned_csv(tmp_path / "tuned.csv")
 
 
 def _fit(*args):

@@ -29,12 +29,12 @@ import numpy as np
 import pytest
 
 from cli_runner import ledgerlm
+from e2e.test_scale_expert import write_tuned_csv
 from ledgerlm.cli.ui import fmt_seconds
 from ledgerlm.lab.status import with_liveness
 from ledgerlm.ledger.compare import compare_runs
 from ledgerlm.ledger.mixture import DOMAIN_COUNTER, realised
 from ledgerlm.ledger.store import Ledger
-from ledgerlm.scaling.law import LawParams
 from ledgerlm.workspace import Workspace
 
 from .conftest import TINY
@@ -327,22 +327,10 @@ def test_scale_plan(tty):
     )
 
 
-TRUE = LawParams(E=1.7, A=400.0, B=410.0, alpha=0.34, beta=0.28)
-
-
 @pytest.fixture(scope="session")
 def points_csv(tmp_path_factory) -> Path:
     """6 sizes x 5 token counts, three learning rates each: replicates left out."""
-    rng = np.random.default_rng(0)
-    lines = ["params,tokens,val_loss,learning_rate"]
-    for n in np.logspace(7, 9, 6):
-        for d in np.logspace(9, 11, 5):
-            best = TRUE.predict(n, d) * np.exp(rng.normal(0, 0.005))
-            for lr, worse in ((1e-3, 1.04), (3e-3, 1.0), (1e-2, 1.09)):
-                lines.append(f"{n:.6g},{d:.6g},{best * worse:.6f},{lr}")
-    path = tmp_path_factory.mktemp("scale") / "points.csv"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_tuned_csv(tmp_path_factory.mktemp("scale") / "points.csv")
 
 
 @MODES

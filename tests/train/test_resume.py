@@ -18,6 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from kill_at import KillAt, Killed
 from ledgerlm.config import ModelConfig, PackConfig, TrainConfig
 from ledgerlm.lab.resume import resume_run
 from ledgerlm.ledger.store import Ledger, LedgerError
@@ -68,25 +69,6 @@ class _Store:
         return self.flat[offset : offset + length]
 
 
-class _Killed(Exception):
-    pass
-
-
-class _KillAt:
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_start(self, trainer) -> None:
-        pass
-
-    def on_step_end(self, trainer) -> None:
-        if trainer.state.step == self.step:
-            raise _Killed
-
-    def on_train_end(self, trainer) -> None:
-        pass
-
-
 def _parts(optimizer: str, init_seed: int):
     cfg = TrainConfig(
         max_steps=14,
@@ -125,8 +107,8 @@ def test_resumed_training_is_bitwise_the_uninterrupted_one(tmp_path, optimizer, 
     reference.fit()
 
     model, opt, cfg = _parts(optimizer, 0)
-    with pytest.raises(_Killed):
-        _trainer(model, opt, cfg, store, tmp_path / "run", _KillAt(10), mixture=mixture).fit()
+    with pytest.raises(Killed):
+        _trainer(model, opt, cfg, store, tmp_path / "run", KillAt(10), mixture=mixture).fit()
 
     fresh, fresh_opt, cfg = _parts(optimizer, 1)  # other initial weights: all must come back
     state = load_training(tmp_path / "run", fresh, fresh_opt)

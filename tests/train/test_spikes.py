@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_resume import _Store
 
+from kill_at import KillAt, Killed
 from ledgerlm.config import ModelConfig, PackConfig, TrainConfig, load_recipe
 from ledgerlm.lab.run import run_recipe
 from ledgerlm.ledger.store import Ledger
@@ -241,25 +242,6 @@ def test_every_rank_names_the_documents_of_every_rank_share():
         assert described["documents"] == both and len(both) > 2
 
 
-class _Killed(Exception):
-    pass
-
-
-class _KillAt:
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_start(self, trainer) -> None:
-        pass
-
-    def on_step_end(self, trainer) -> None:
-        if trainer.state.step == self.step:
-            raise _Killed
-
-    def on_train_end(self, trainer) -> None:
-        pass
-
-
 def test_a_resumed_run_records_the_spikes_of_the_uninterrupted_one(tmp_path):
     """Checkpoint at update 10, killed at 12; the jump comes at 11, after the checkpoint,
     so the resumed run's spikes are judged against the window it restored."""
@@ -269,8 +251,8 @@ def test_a_resumed_run_records_the_spikes_of_the_uninterrupted_one(tmp_path):
     assert reference.events and reference.events[0]["step"] == 13
 
     ck = tmp_path / "ck"
-    with pytest.raises(_Killed):
-        _trainer(cfg, CheckpointCallback(ck, 5), _LrJump(11, 300), _KillAt(12)).fit()
+    with pytest.raises(Killed):
+        _trainer(cfg, CheckpointCallback(ck, 5), _LrJump(11, 300), KillAt(12)).fit()
     fresh = _trainer(cfg)
     state = load_training(ck, fresh.model, fresh.optimizer)
     assert state["step"] == 10

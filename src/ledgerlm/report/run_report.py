@@ -517,6 +517,28 @@ def _phase_color(kind: str, kinds: Sequence[str]) -> str:
     return OTHER_PHASE_COLORS[others.index(kind) % len(OTHER_PHASE_COLORS)]
 
 
+def _marker_trace(
+    name: str, rows: list[tuple[str, float]], role: str, marker: tuple[str, int, str], hover: str
+) -> dict[str, Any]:
+    """One marker per (run, seconds) on the phase chart, named in the legend."""
+    symbol, size, color = marker
+    return {
+        "type": "scatter",
+        "mode": "markers",
+        "name": name,
+        "y": [r for r, _ in rows],
+        "x": [v for _, v in rows],
+        "marker": {
+            "symbol": symbol,
+            "size": size,
+            "color": color,
+            "line": {"width": 3, "color": color},
+        },
+        "meta": {"role": role},
+        "hovertemplate": hover,
+    }
+
+
 def phase_figure(summaries: Sequence[Mapping[str, Any]]) -> Any:
     """Stacked horizontal bars of phase seconds per run (one trace per phase kind); a
     tick marks time-to-target, and a cross at the end of its bar a run that missed its
@@ -547,21 +569,13 @@ def phase_figure(summaries: Sequence[Mapping[str, Any]]) -> Any:
     ]
     if reached:
         data.append(
-            {
-                "type": "scatter",
-                "mode": "markers",
-                "name": "time to target",
-                "y": [r for r, _ in reached],
-                "x": [v for _, v in reached],
-                "marker": {
-                    "symbol": "line-ns-open",
-                    "size": 26,
-                    "color": "#000",
-                    "line": {"width": 3, "color": "#000"},
-                },
-                "meta": {"role": "ttt"},
-                "hovertemplate": "%{y}<br>time to target %{x:,.1f} s<extra></extra>",
-            }
+            _marker_trace(
+                "time to target",
+                reached,
+                "ttt",
+                ("line-ns-open", 26, "#000"),
+                "%{y}<br>time to target %{x:,.1f} s<extra></extra>",
+            )
         )
     # A legend entry, not a note beside the bar: a note there runs off a narrow figure.
     missed = [
@@ -571,21 +585,13 @@ def phase_figure(summaries: Sequence[Mapping[str, Any]]) -> Any:
     ]
     if missed:
         data.append(
-            {
-                "type": "scatter",
-                "mode": "markers",
-                "name": "target not reached",
-                "y": [r for r, _ in missed],
-                "x": [v for _, v in missed],
-                "marker": {
-                    "symbol": "x-thin-open",
-                    "size": 14,
-                    "color": MISSED,
-                    "line": {"width": 3, "color": MISSED},
-                },
-                "meta": {"role": "missed"},
-                "hovertemplate": "%{y}<br>target not reached in %{x:,.1f} s<extra></extra>",
-            }
+            _marker_trace(
+                "target not reached",
+                missed,
+                "missed",
+                ("x-thin-open", 14, MISSED),
+                "%{y}<br>target not reached in %{x:,.1f} s<extra></extra>",
+            )
         )
     ticks = [lines(s["run"]["id"], ID_WRAP) for s in summaries]
     band = max(46, max(16 * tick.count("<br>") + 30 for tick in ticks))

@@ -60,6 +60,17 @@ def test_best_keeps_the_lowest_loss_of_each_learning_rate_group():
         reduce_replicates(N3, D3, L3, "median")
 
 
+def test_the_default_reduction_is_best_only_where_learning_rates_differ():
+    from ledgerlm.lab.scaling import FitOptions, FitPoints, fit
+
+    N, D, loss = grid()
+    lr = np.full(60, 1e-3)  # two seeds of each (N, D) at one learning rate
+    rows = (np.r_[N, N], np.r_[D, D], np.r_[loss, loss * 1.01], {"csv": "runs.csv"})
+    assert fit(FitPoints(*rows, lr=lr), FitOptions(n_boot=0)).reduction.how == "none"
+    lr[37] = 3e-3  # one (N, D), rows 7 and 37, tried at two learning rates
+    assert fit(FitPoints(*rows, lr=lr), FitOptions(n_boot=0)).reduction.how == "best"
+
+
 def test_best_and_mean_equal_a_loop_over_the_groups():
     rng = np.random.default_rng(3)
     for _ in range(100):

@@ -312,7 +312,10 @@ def _tuned(points: FitPoints) -> bool:
     from ledgerlm.scaling.replicates import group_ids
 
     groups = group_ids(points.N, points.D)
-    return any(len(set(points.lr[groups == g].tolist())) > 1 for g in np.unique(groups))
+    if not groups.size:
+        return False
+    # more distinct (N, D, lr) than (N, D): some (N, D) has several learning rates
+    return int(group_ids(groups, points.lr).max()) > int(groups.max())
 
 
 def fit(points: FitPoints, options: FitOptions | None = None) -> Fit:

@@ -157,6 +157,30 @@ def test_a_killed_search_continues_with_the_same_id(tmp_path):
     assert recipe.data.mixture.weights == pytest.approx(record["recommended"])
 
 
+@pytest.mark.slow
+def test_a_killed_doremi_proxy_restarts_to_the_uninterrupted_result(tmp_path):
+    # its reweighting is in no checkpoint: killed after one, the proxy trains again from
+    # step 0 in its ledger run, and the result is the uninterrupted search's, to the bit
+    full_ws, ws = tmp_path / "full", tmp_path / "ws"
+    saved = ("--proxy", "train.checkpoint_every=3")
+    doremi = ("mix", "search", str(TINY), "--method", "doremi", *PROXY, *saved, "--json")
+    full = json.loads(ledgerlm(*doremi, "-w", str(full_ws)).stdout)
+    args = _cli(*doremi, "-w", str(ws))
+    _kill_when(
+        args,
+        ws,
+        lambda: _rows(ws, "-proxy") >= 4 and _checkpointed(ws, "-proxy"),
+        tmp_path / "first.out",
+    )
+    (killed,) = [r for r, s in _runs(ws).items() if s["run"]["name"].endswith("-proxy")]
+    record = json.loads(ledgerlm(*args[1:]).stdout)
+    assert record["search_id"] == full["search_id"]  # the same settings, the same id
+    assert record["proxy_run"]["run"] == killed and len(_runs(ws)) == 2
+    (restore,) = _restores(_runs(ws)[killed])
+    assert restore["restart"] is True
+    assert record["history"] == full["history"] and record["recommended"] == full["recommended"]
+
+
 # -- what cannot be continued (no training: refused before any work) -----------------
 
 

@@ -98,6 +98,30 @@ def read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+class DamagedVersion(ValueError):
+    """A published version whose files disagree with its manifest, or whose manifest
+    cannot be read: one line naming the file, what differs, and how to rebuild it."""
+
+    def __init__(self, file: Path, what: str) -> None:
+        version = file.parent.name  # a version's files lie in its folder
+        super().__init__(
+            f"{file}: {what} (version {version} is damaged: "
+            f"`ledgerlm data prepare RECIPE --repair {version}` rebuilds it)"
+        )
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """A version's ``manifest.json`` (or ``build.json``): a JSON object, or
+    ``DamagedVersion`` naming the file."""
+    try:
+        found = read_json(path)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DamagedVersion(path, f"not valid JSON ({err})") from None
+    if not isinstance(found, dict):
+        raise DamagedVersion(path, f"holds a JSON {type(found).__name__}, not an object")
+    return found
+
+
 @dataclass(frozen=True)
 class BuiltVersion:
     """A finished data or tokens version, and whether this call built or reused it."""
@@ -109,6 +133,7 @@ class BuiltVersion:
     reused: bool
     seconds: float  # spent by this call (finding a reused version costs little)
     build_seconds: float | None = None  # what building it originally cost
+    verified: dict[str, Any] | None = None  # what checking a reused one found and cost
 
 
 class AlreadyPublished(RuntimeError):
@@ -160,7 +185,7 @@ class Workspace:
             self.manifest(kind, version),
             reused=reused,
             seconds=time.perf_counter() - started,
-            build_seconds=read_json(info)["build_seconds"] if info.is_file() else None,
+            build_seconds=read_manifest(info).get("build_seconds") if info.is_file() else None,
         )
 
     def reuse(self, kind: str, version: str, started: float) -> BuiltVersion | None:
@@ -173,7 +198,7 @@ class Workspace:
         path = self.version_dir(kind, version) / MANIFEST
         if not path.is_file():
             raise FileNotFoundError(f"no {kind} version {version!r} in {self.root}")
-        return read_json(path)
+        return read_manifest(path)
 
     def versions(self, kind: str) -> list[str]:
         folder = self.root / kind
@@ -272,11 +297,25 @@ class Workspace:
             path.unlink(missing_ok=True)  # before unlocking, so no waiter keeps using it
             lock.close()
 
+    def discard(self, kind: str, version: str) -> bool:
+        """Remove ``version``'s folder, whatever it holds (a damaged version, one whose
+        manifest is gone); renamed aside first, so nobody sees it half removed. True when
+        there was one."""
+        folder = self.version_dir(kind, version)
+        if not os.path.lexists(folder):
+            return False
+        aside = Path(tempfile.mkdtemp(prefix=f".discarded-{version}-", dir=folder.parent))
+        os.rename(folder, aside / version)
+        shutil.rmtree(aside, ignore_errors=True)
+        return True
+
     def _publish(self, kind: str, version: str, tmp: Path, final: Path) -> None:
         if not (tmp / BUILD_INFO).is_file():
             atomic_write_json(tmp / BUILD_INFO, {"build_seconds": None})
         if not (tmp / MANIFEST).is_file():
             raise RuntimeError(f"{kind} version {version} was built without a manifest")
+        if not self.has_version(kind, version):
+            self.discard(kind, version)  # a folder that lost its manifest is no version
         try:
             os.rename(tmp, final)
         except OSError:

@@ -14,6 +14,7 @@ from ledgerlm.cli.table import FitTable
 from ledgerlm.cli.ui import (
     DEFAULT_WS,
     JsonOpt,
+    NoVerifyOpt,
     RichProgress,
     SetOpt,
     WorkspaceOpt,
@@ -46,17 +47,29 @@ def prepare(
     workers: Annotated[
         int | None, typer.Option(help="Parallel shard workers (0 = all cores).")
     ] = None,
+    no_verify: NoVerifyOpt = False,
+    repair: Annotated[
+        str | None,
+        typer.Option(
+            "--repair",
+            metavar="VERSION",
+            help="Replace this damaged data or tokens version of the recipe (an id or a "
+            "unique prefix, as the error named it): remove it and build it again.",
+        ),
+    ] = None,
 ) -> None:
     """Read, clean, deduplicate and split documents into a content-addressed data version.
 
     Relative input paths are resolved against the current directory. An interrupted
-    build resumes from the shards it finished.
+    build resumes from the shards it finished. A version that exists is reused once
+    checked against its manifest (files, sizes, counts, content hashes).
     """
     extra = [f"data.executor={json.dumps(executor)}"] if executor else []
     extra += [f"data.workers={workers}"] if workers is not None else []
     from ledgerlm.data.executor import likely_parallel, start_workers
 
-    cfg = load_recipe(recipe, [*(set_ or []), *extra]).data_stage()
+    loaded = load_recipe(recipe, [*(set_ or []), *extra])
+    cfg = loaded.data_stage()
     if likely_parallel([i.path for i in cfg.inputs()]):
         start_workers(cfg.executor, cfg.workers)  # they start while the data stage imports
     from ledgerlm.data.pipeline import prepare_data
@@ -64,19 +77,39 @@ def prepare(
 
     skip_pandas_probe()  # this process only runs the data stage
     with RichProgress() as progress:
-        result = prepare_data(cfg, Workspace(workspace), progress)
-    c = result.manifest["counts"]
+        if repair is not None:
+            from ledgerlm.lab.repair import repair_version
+
+            results = repair_version(loaded, Workspace(workspace), repair, progress)
+        else:
+            results = [prepare_data(cfg, Workspace(workspace), progress, verify=not no_verify)]
+    for result in results:
+        console.print(escape(version_line(result)))
+    from ledgerlm.data.held_out import contamination_warnings
+
+    for line in contamination_warnings(results[0].manifest):
+        console.print(f"[yellow]warning[/]: {escape(line)}")
+
+
+def version_line(result) -> str:
+    """A built or reused version, what it holds, and what checking it found."""
     state = "reused" if result.reused else f"built in {result.seconds:.1f} s"
-    console.print(
-        escape(
+    if result.kind == "tokens":
+        held = sum(f["tokens"] for f in result.manifest["files"])
+        line = f"tokens version {result.version} ({state}): {held:,} tokens -> {result.path}"
+    else:
+        c = result.manifest["counts"]
+        line = (
             f"data version {result.version} ({state}): {c['records_in']:,} read, "
             f"{c['kept']:,} kept -> {result.path}"
         )
-    )
-    from ledgerlm.data.held_out import contamination_warnings
-
-    for line in contamination_warnings(result.manifest):
-        console.print(f"[yellow]warning[/]: {escape(line)}")
+    if v := result.verified:
+        how = "sha256" if v["hash"] else "sizes and counts (--no-verify)"
+        line += (
+            f"\n  verified: {v['files']} files, {v['bytes'] / 1e6:,.1f} MB, {how}, "
+            f"in {v['seconds']:.2f} s"
+        )
+    return line
 
 
 @app.command("inspect")

@@ -34,6 +34,7 @@ from ledgerlm.cli.render import (
 )
 from ledgerlm.cli.ui import (
     DEFAULT_WS,
+    NoVerifyOpt,
     RichProgress,
     SetOpt,
     WorkspaceOpt,
@@ -116,14 +117,16 @@ def _print_result(result: RunResult) -> None:
     console.print(f"[bold {'green' if reached else 'red'}]{escape(target_line(s))}[/]")
 
 
-def _run(recipe_path: Path, workspace: Path, overrides: list[str] | None) -> None:
+def _run(
+    recipe_path: Path, workspace: Path, overrides: list[str] | None, verify: bool = True
+) -> None:
     from ledgerlm.lab.run import process_started_at, run_recipe
     from ledgerlm.train.distributed import distributed_world
 
     recipe = load_recipe(recipe_path, overrides)
     with distributed_world() as world:
         if not world.is_main:  # under torchrun rank 0 reports; the others train quietly
-            run_recipe(recipe, Workspace(workspace), world=world)
+            run_recipe(recipe, Workspace(workspace), world=world, verify=verify)
             return
         with RichProgress() as progress:
             result = run_recipe(
@@ -133,6 +136,7 @@ def _run(recipe_path: Path, workspace: Path, overrides: list[str] | None) -> Non
                 world,
                 on_plan=lambda planned: print_plan(planned.to_dict()),
                 launched_at=process_started_at(),
+                verify=verify,
             )
     _print_result(result)
 
@@ -143,14 +147,18 @@ def run(
     recipe: Annotated[Path, typer.Argument(help="Recipe TOML file.")],
     workspace: WorkspaceOpt = DEFAULT_WS,
     set_: SetOpt = None,
+    no_verify: NoVerifyOpt = False,
 ) -> None:
     """Run a recipe end to end: prepare data, tokenize, train to the target, record it all.
+
+    Data and tokens versions that exist are reused once checked against their manifests
+    (files, sizes, counts, token ids, content hashes).
 
     Data-parallel on N processes (gloo on CPU, nccl on CUDA):
     torchrun --nproc-per-node N -m ledgerlm run RECIPE. Each optimizer update then
     covers N x grad_accum micro-batches, with one global loss denominator.
     """
-    _run(recipe, workspace, set_)
+    _run(recipe, workspace, set_, verify=not no_verify)
 
 
 @app.command()
@@ -167,6 +175,7 @@ def train(
     ] = None,
     workspace: WorkspaceOpt = DEFAULT_WS,
     set_: SetOpt = None,
+    no_verify: NoVerifyOpt = False,
 ) -> None:
     """Train a recipe (data and tokens built or reused), optionally from another run.
 
@@ -175,7 +184,7 @@ def train(
     the new data's (gain) and the initial run's (forgetting), per domain.
     """
     overrides = [*(set_ or []), *([f"train.init_from={init_from}"] if init_from else [])]
-    _run(recipe, workspace, overrides)
+    _run(recipe, workspace, overrides, verify=not no_verify)
 
 
 @app.command()

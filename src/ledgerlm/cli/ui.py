@@ -108,6 +108,14 @@ SetOpt = Annotated[
     typer.Option("--set", "-s", help="Override a recipe value: section.key=value (repeatable)."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+NoVerifyOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-verify",
+        help="Reuse existing versions without hashing their content (file sizes, counts "
+        "and token ids are still checked).",
+    ),
+]
 
 # Faults a user can cause or meet (bad input, a full disk, a read-only folder, a diverged
 # loss) end in one line; LEDGERLM_TRACEBACK=1 shows the traceback instead.

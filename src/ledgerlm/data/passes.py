@@ -429,6 +429,7 @@ def _write(
                 "path": path.name,
                 "split": name,
                 "rows": sum(counts[(s, d)] for s, d in counts if s == name),
+                "bytes": path.stat().st_size,
                 "sha256": file_sha256(path),
             }
         )

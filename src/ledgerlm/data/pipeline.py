@@ -60,6 +60,7 @@ from ledgerlm.data.readers import (
     split_shards,
 )
 from ledgerlm.data.templates import shard_template_lines
+from ledgerlm.data.verify import verified
 from ledgerlm.extras import check
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.workspace import (
@@ -155,6 +156,7 @@ def prepare_data(
     workspace: Workspace,
     progress: Progress | None = None,
     base: Path | None = None,
+    verify: bool = True,
 ) -> BuiltVersion:
     """Build (or reuse, or resume) the data version for ``cfg``.
 
@@ -162,13 +164,15 @@ def prepare_data(
     building the same version is waited for (a progress task says so) and its version
     reused. A build that fails on its input (``DataError``) removes its build folder;
     an interrupted one keeps it, and the next build resumes from its finished shards.
+    A reused version is checked against its manifest first (``data.verify``; without
+    ``verify``, everything but the content hashes).
     """
     progress = progress or NullProgress()
     base = base or Path.cwd()
     start = time.perf_counter()
     version, shards, inputs = data_version(cfg, base)  # checks the inputs first
     if reused := workspace.reuse("data", version, start):
-        return reused
+        return verified(reused, verify)
     try:
         with workspace.building(
             "data", version, resumable=True, progress=progress, discard_on=(DataError,)
@@ -178,7 +182,7 @@ def prepare_data(
             except ReaderError as err:  # an input that changed or vanished since it was listed
                 raise DataError(str(err)) from None
     except AlreadyPublished:
-        return workspace.published("data", version, start, reused=True)
+        return verified(workspace.published("data", version, start, reused=True), verify)
     return workspace.published("data", version, start)
 
 
@@ -370,7 +374,10 @@ def _merge_outputs(
                 writer.write_table(pa.concat_tables(pending) if pending else schema.empty_table())
     files = [f for w in written for f in w["files"]]  # rows and sha256 from the workers
     for f in fixed:
-        files += [{**x, "sha256": file_sha256(out / x["path"])} for x in f.files]
+        files += [
+            {**x, "bytes": (out / x["path"]).stat().st_size, "sha256": file_sha256(out / x["path"])}
+            for x in f.files
+        ]
     return sorted(files, key=lambda f: (SPLITS.index(f["split"]), f["path"]))
 
 

@@ -12,11 +12,13 @@ from typing import Any
 import torch
 
 from ledgerlm.config import Recipe, recipe_from_dict
+from ledgerlm.data.verify import verified as data_verified
 from ledgerlm.ledger.continued import before_after
 from ledgerlm.ledger.store import Ledger, LedgerError
 from ledgerlm.tokens.loader import validation_batches
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.shards import TokenStore
+from ledgerlm.tokens.verify import verified as tokens_verified
 from ledgerlm.train.distributed import World
 from ledgerlm.train.evaluate import evaluate
 from ledgerlm.train.record import Recorder
@@ -47,12 +49,18 @@ class InitSource:
         return cls(d["run_id"], recipe, d["tokens_version"], Path(d["checkpoint"]))
 
 
-def find_version(workspace: Workspace, kind: str, version: str | None) -> BuiltVersion:
-    """A run's data or tokens version, which must still be in the workspace."""
+def find_version(
+    workspace: Workspace, kind: str, version: str | None, verify: bool = True
+) -> BuiltVersion:
+    """A run's data or tokens version, which must still be in the workspace; checked
+    against its manifest (content hashes included) unless ``verify`` is False (a rank
+    other than 0, once rank 0 has checked it)."""
     found = version and workspace.reuse(kind, version, time.perf_counter())
     if not found:
         raise FileNotFoundError(f"the run's {kind} version {version} is not in {workspace.root}")
-    return found
+    if not verify:
+        return found
+    return data_verified(found) if kind == "data" else tokens_verified(found)
 
 
 def init_source(recipe: Recipe, ledger: Ledger, workspace: Workspace) -> tuple[Recipe, InitSource]:

@@ -58,6 +58,8 @@ from ledgerlm.train.record import Recorder
 from ledgerlm.train.resume import ResumedEval, save_training
 from ledgerlm.workspace import BuiltVersion, Workspace, atomic_write_text
 
+VERIFIED_EVENT = "versions_verified"
+
 
 @dataclass
 class RunResult:
@@ -284,25 +286,50 @@ def record_plan(
 
 
 def prepare_versions(
-    recorder: LedgerRecorder, recipe: Recipe, workspace: Workspace, progress: Progress
+    recorder: LedgerRecorder,
+    recipe: Recipe,
+    workspace: Workspace,
+    progress: Progress,
+    verify: bool = True,
 ) -> tuple[BuiltVersion, BuiltVersion, TokenStore]:
-    """The data and tokens versions (built or reused), as ``prep`` and ``tokenize``."""
+    """The data and tokens versions (built, or reused once checked against their
+    manifests: content hashes too unless not ``verify``), as ``prep`` and ``tokenize``;
+    what the checks found is the ``versions_verified`` event."""
     ph = recorder.start("prep")
-    data = prepare_data(recipe.data_stage(), workspace, progress)
-    ph.detail.update(version=data.version, reused=data.reused, built_seconds=data.build_seconds)
+    data = prepare_data(recipe.data_stage(), workspace, progress, verify=verify)
+    ph.detail.update(
+        version=data.version,
+        reused=data.reused,
+        built_seconds=data.build_seconds,
+        verified=data.verified,
+    )
     for line in contamination_warnings(data.manifest):
         recorder.event("contamination", line)
     ph = recorder.start("tokenize")
-    tokens = build_tokens(data, recipe.tokenizer, workspace, progress)
+    tokens = build_tokens(data, recipe.tokenizer, workspace, progress, verify=verify)
     ph.detail.update(
-        version=tokens.version, reused=tokens.reused, built_seconds=tokens.build_seconds
+        version=tokens.version,
+        reused=tokens.reused,
+        built_seconds=tokens.build_seconds,
+        verified=tokens.verified,
     )
     recorder.ledger.set_versions(
         recorder.run_id, data_version=data.version, tokens_version=tokens.version
     )
+    record_verified(recorder, data, tokens)
     store = TokenStore(tokens.path)
     check_metric(recipe, store)
     return data, tokens, store
+
+
+def record_verified(recorder: LedgerRecorder, *versions: BuiltVersion) -> None:
+    """The ``versions_verified`` event: per version, whether it was reused and what
+    checking it found (files, bytes, the hash, the largest token id) and cost (a version
+    this run built was hashed as it was published)."""
+    found = {
+        v.kind: {"version": v.version, "reused": v.reused, **(v.verified or {})} for v in versions
+    }
+    recorder.event(VERIFIED_EVENT, json.dumps(found, sort_keys=True))
 
 
 def run_recipe(
@@ -313,6 +340,7 @@ def run_recipe(
     on_plan: Callable[[MixturePlan], None] | None = None,
     callbacks: Sequence[Any] = (),
     launched_at: float | None = None,
+    verify: bool = True,
 ) -> RunResult:
     """Run ``recipe`` end to end; under ``torchrun`` pass the ``World`` on every rank.
 
@@ -321,7 +349,9 @@ def run_recipe(
     ``callbacks`` are added to the trainer's (one process only). ``launched_at``: when
     the command running it started (``process_started_at()``, epoch seconds); the time
     from then to the run's creation (interpreter, imports, reading the recipe) is
-    charged as a ``startup`` phase, so the bill holds what the user waited for."""
+    charged as a ``startup`` phase, so the bill holds what the user waited for. Reused
+    versions are checked against their manifests; ``verify=False`` skips the content
+    hashes (sizes, counts and token ids are still checked)."""
     progress = progress or NullProgress()
     world = world or World()
     if not world.is_main:
@@ -367,7 +397,7 @@ def run_recipe(
         with handoff.guard(), failing(recorder), run_lock(run_dir):
             open_sinks(recorder, recipe, run_dir)  # rank 0 only: followers have no recorder
             atomic_write_text(run_dir / "recipe.toml", recipe_to_toml(recipe))
-            data, tokens, store = prepare_versions(recorder, recipe, workspace, progress)
+            data, tokens, store = prepare_versions(recorder, recipe, workspace, progress, verify)
             handoff.send(
                 {
                     "data": data.version,
@@ -440,8 +470,8 @@ def follow(recipe: Recipe | None, workspace: Workspace, world: World) -> RunResu
     sent = world.broadcast_object(None)
     if sent is None:
         raise RuntimeError(f"rank {world.rank}: rank 0 failed before training (see its output)")
-    data = find_version(workspace, "data", sent["data"])
-    tokens = find_version(workspace, "tokens", sent["tokens"])
+    data = find_version(workspace, "data", sent["data"], verify=False)  # rank 0 checked them
+    tokens = find_version(workspace, "tokens", sent["tokens"], verify=False)
     store = TokenStore(tokens.path)
     again = "earlier" in sent  # a resume (from a checkpoint) or a restart (from step 0)
     if "recipe" in sent:  # the recipe rank 0 stored (a resumed one, or init_from resolved)

@@ -26,12 +26,12 @@ from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.tokens.tokenizer import (
     TokenText,
     load_supplied,
-    load_tokenizer,
     special_ids,
     token_text,
     tokenizer_file,
     train_tokenizer,
 )
+from ledgerlm.tokens.verify import INDEX, TOKENIZER, check_tokens, open_tokenizer, verified
 from ledgerlm.workspace import (
     BUILD_INFO,
     MANIFEST,
@@ -42,7 +42,7 @@ from ledgerlm.workspace import (
     atomic_write_json,
     content_hash,
     file_sha256,
-    read_json,
+    read_manifest,
 )
 
 INDEX_SCHEMA = pa.schema(
@@ -71,16 +71,19 @@ def build_tokens(
     cfg: TokenizerConfig,
     workspace: Workspace,
     progress: Progress | None = None,
+    verify: bool = True,
 ) -> BuiltVersion:
     """Train the tokenizer on the train split only (or reuse another token version's,
     ``cfg.reuse``), then encode every split (train, val, test) shard by shard.
 
-    Another process building the same version is waited for, and its version reused."""
+    Another process building the same version is waited for, and its version reused. A
+    reused version is checked against its manifest first (``tokens.verify``; without
+    ``verify``, everything but the content hashes)."""
     progress = progress or NullProgress()
     start = time.perf_counter()
     version = tokens_version(data.version, cfg)
     if reused := workspace.reuse("tokens", version, start):
-        return reused
+        return verified(reused, verify)
     source = None
     if cfg.reuse:
         source = workspace.reuse("tokens", cfg.reuse, start)
@@ -88,11 +91,12 @@ def build_tokens(
             raise FileNotFoundError(
                 f"tokenizer.reuse = {cfg.reuse!r}: no such tokens version in {workspace.root}"
             )
+        source = verified(source, verify)
     try:
         with workspace.building("tokens", version, progress=progress) as tmp:
             _build(data, cfg, version, source, tmp, progress, start)
     except AlreadyPublished:  # another process built it while this one waited
-        return workspace.published("tokens", version, start, reused=True)
+        return verified(workspace.published("tokens", version, start, reused=True), verify)
     return workspace.published("tokens", version, start)
 
 
@@ -112,7 +116,7 @@ def _build(
     special: dict[str, int] | None = None
     kind, trained_on = "byte-level BPE (huggingface tokenizers)", "train split only"
     if source is not None:
-        tok = load_tokenizer(source.path / "tokenizer.json")
+        tok = open_tokenizer(source.path, source.manifest["tokenizer"]["vocab_size"])
         special, trained_on = source.manifest["tokenizer"]["special"], f"tokens version {cfg.reuse}"
     elif cfg.from_ is not None:
         supplied = load_supplied(cfg.from_, {"bos": cfg.bos, "eos": cfg.eos, "pad": cfg.pad})
@@ -122,7 +126,7 @@ def _build(
         with progress.task("tokens: train BPE") as task:
             tok = train_tokenizer(train_texts(), cfg)
             task.advance(1)
-    tok.save(str(tmp / "tokenizer.json"))
+    tok.save(str(tmp / TOKENIZER))
     vocab = tok.get_vocab_size()
     dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.uint32
 
@@ -168,19 +172,12 @@ def _build(
                         stat[0] += 1
                         stat[1] += len(ids)
                     task.advance(len(texts))
-            files.append(
-                {
-                    "path": shard,
-                    "split": split,
-                    "tokens": offset,
-                    "sha256": file_sha256(tmp / shard),
-                }
-            )
+            files.append({"path": shard, "split": split, "tokens": offset, **_stored(tmp / shard)})
             counts += [
                 {"split": split, "domain": d, "documents": n, "tokens": t}
                 for d, (n, t) in sorted(per_domain.items())
             ]
-    pq.write_table(pa.Table.from_pylist(index_rows, schema=INDEX_SCHEMA), tmp / "index.parquet")
+    pq.write_table(pa.Table.from_pylist(index_rows, schema=INDEX_SCHEMA), tmp / INDEX)
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "kind": "tokens",
@@ -192,33 +189,41 @@ def _build(
             "vocab_size": vocab,
             "special": special if special is not None else special_ids(tok),
             "trained_on": trained_on,
-            "sha256": file_sha256(tmp / "tokenizer.json"),
+            **_stored(tmp / TOKENIZER),
         },
         "dtype": np.dtype(dtype).name,
         "files": files,
+        "index": _stored(tmp / INDEX),
         "counts": counts,
     }
     atomic_write_json(tmp / BUILD_INFO, {"build_seconds": time.perf_counter() - start})
     atomic_write_json(tmp / MANIFEST, manifest)
 
 
+def _stored(path: Path) -> dict[str, Any]:
+    """What a version's manifest keeps of one of its files, for checks on reuse."""
+    return {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+
+
 class TokenStore:
-    """Read side of a token version: memory-mapped shards and the document index."""
+    """Read side of a token version: memory-mapped shards and the document index.
+
+    Opening one makes the cheap checks of ``tokens.verify.check_tokens`` (sizes, counts,
+    the index against them), so a damaged version is one line naming its file."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.manifest = read_json(self.path / MANIFEST)
-        self.tokenizer = load_tokenizer(self.path / "tokenizer.json")
+        self.manifest = read_manifest(self.path / MANIFEST)
+        files, dtype, self.vocab_size = check_tokens(self.path, self.manifest)
+        self.tokenizer = open_tokenizer(self.path, self.vocab_size)
         self.special = self.manifest["tokenizer"]["special"]
-        self.vocab_size = int(self.manifest["tokenizer"]["vocab_size"])
-        dtype = np.dtype(self.manifest["dtype"])
         self._shards = {
             f["path"]: np.memmap(self.path / f["path"], dtype=dtype, mode="r")
             if f["tokens"]
             else np.zeros(0, dtype=dtype)
-            for f in self.manifest["files"]
+            for f in files
         }
-        self.index = pq.read_table(self.path / "index.parquet")
+        self.index = pq.read_table(self.path / INDEX)
         self.domains = sorted(set(self.index.column("domain").to_pylist()))
 
     @functools.cached_property
@@ -244,11 +249,11 @@ class TokenStore:
             "weight": table.column("weight").to_numpy(),
         }
 
-    def tokens(self, shard: str, offset: int, length: int) -> np.ndarray:
-        return np.asarray(self._shards[shard][offset : offset + length], dtype=np.int64)
     def doc_ids(self, split: str, indices: Sequence[int]) -> list[str]:
         """The ids of documents by position in ``split_docs(split)`` (for a report of the
         data an update saw: rare, so the index is read again rather than kept)."""
         table = self.index.filter(pc.equal(self.index.column("split"), split))
         return table.column("doc_id").take(pa.array(indices, type=pa.int64())).to_pylist()
 
+    def tokens(self, shard: str, offset: int, length: int) -> np.ndarray:
+        return np.asarray(self._shards[shard][offset : offset + length], dtype=np.int64)

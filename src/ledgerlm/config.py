@@ -690,6 +690,12 @@ class TrainConfig(_Section):
         description="Keep only each block's input in the forward pass and recompute the "
         "rest in the backward: less memory, about a third more compute.",
     )
+    memory_check: bool = Field(
+        True,
+        description="Refuse, before any work, a recipe whose estimated memory per process "
+        "exceeds 90% of what the device has available (RAM, or the GPU's free memory); "
+        "false = train anyway.",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Where to train: auto = CUDA when present, else the CPU."
     )

@@ -54,6 +54,7 @@ from ledgerlm.train.checkpoint import load_checkpoint
 from ledgerlm.train.distributed import World
 from ledgerlm.train.evaluate import EvalCallback, evaluate, unigram_entropy, weights_digest
 from ledgerlm.train.loop import Trainer
+from ledgerlm.train.memory import check_memory
 from ledgerlm.train.record import Recorder
 from ledgerlm.train.resume import ResumedEval, save_training
 from ledgerlm.workspace import BuiltVersion, Workspace, atomic_write_text
@@ -362,6 +363,8 @@ def run_recipe(
             raise ValueError("extra trainer callbacks run in one process only")
         world = placed(world, recipe.train)
         check_contract(recipe, world)
+        # what cannot fit is refused here, unless only the token version tells the vocabulary
+        fits = check_memory(recipe, world)
         check_inputs(recipe.data_stage())  # a missing input writes nothing, not even the ledger
         check_sinks(recipe)  # nor a sink whose library is missing
         if recipe.tokenizer.from_ is not None:
@@ -398,6 +401,8 @@ def run_recipe(
             open_sinks(recorder, recipe, run_dir)  # rank 0 only: followers have no recorder
             atomic_write_text(run_dir / "recipe.toml", recipe_to_toml(recipe))
             data, tokens, store = prepare_versions(recorder, recipe, workspace, progress, verify)
+            if fits is None:
+                check_memory(recipe, world, store.vocab_size)
             handoff.send(
                 {
                     "data": data.version,

@@ -835,6 +835,13 @@ class LogConfig(_Section):
     wandb_mode: Literal["online", "offline"] | None = Field(
         None, description="W&B mode; default WANDB_MODE or W&B's own."
     )
+    ledger_timeout: float = Field(
+        600.0,
+        gt=0,
+        description="Seconds the ledger may stay locked by another process (a backup, a "
+        "notebook) before the run is checkpointed and marked failed; training goes on "
+        "meanwhile, its per-update rows kept in memory.",
+    )
 
 
 class Recipe(_Section):

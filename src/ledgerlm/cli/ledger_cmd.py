@@ -36,10 +36,7 @@ app = typer.Typer(help="Read runs back from the ledger (ledger.db).", no_args_is
 
 
 def _open(workspace) -> Ledger:
-    path = Workspace(workspace).ledger_path
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no ledger here (run something first)")
-    return Ledger(path)
+    return Ledger(Workspace(workspace).ledger_path, read_only=True)
 
 
 @app.command("list")

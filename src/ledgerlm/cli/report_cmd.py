@@ -33,10 +33,7 @@ def report(
     """
     from ledgerlm.report.run_report import render_report
 
-    path = Workspace(workspace).ledger_path
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no ledger here (run something first)")
-    with Ledger(path) as ledger:
+    with Ledger(Workspace(workspace).ledger_path, read_only=True) as ledger:
         ids = list(dict.fromkeys(ledger.resolve_run(ref) for ref in runs))
         summaries = [ledger.run_summary(run_id) for run_id in ids]
         steps = {run_id: ledger.steps(run_id) for run_id in ids}

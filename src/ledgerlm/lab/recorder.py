@@ -10,6 +10,13 @@ opened by ``lab.sinks.open_sinks``): each per-update row once it is in the ledge
 evaluation once it is recorded. A sink that fails is written down as a ``sink_failed``
 event, said once to the user (``note``: the console, through the command's progress),
 and dropped; training goes on.
+
+A ledger held by another process (a backup, a notebook inside a transaction) never stops
+training: per-update rows wait in memory (at most ``MAX_ROWS``) and are written once it
+is free; a phase change, an evaluation or an event waits for it, the ledger retrying
+with backoff for its patience (``log.ledger_timeout``), and past that ``LedgerBusyError``
+reaches the lab, which checkpoints the run before marking it failed. Each wait is said
+on the console.
 """
 
 from __future__ import annotations
@@ -21,9 +28,12 @@ from contextlib import contextmanager
 from typing import Any
 
 from ledgerlm.ledger.clock import PhaseClock
-from ledgerlm.ledger.store import Ledger, OpenPhase
+from ledgerlm.ledger.store import Ledger, LedgerBusyError, OpenPhase
 from ledgerlm.report.sinks import SinkSet, failure_line
 from ledgerlm.train.record import Recorder
+
+MAX_ROWS = 100_000  # per-update rows kept in memory while the ledger is held
+NOTE_EVERY = 60.0  # seconds between two lines saying training waits for the ledger
 
 
 class LedgerRecorder(Recorder):
@@ -39,8 +49,11 @@ class LedgerRecorder(Recorder):
     into segments every ``flush_every`` updates, a count alone would beat each segment
     only just before it ends normally, never while it could be killed.
 
+    While another process holds the ledger, the rows wait in memory and training goes
+    on; at ``max_rows`` of them training waits for the ledger (see the module doc).
+
     ``note`` receives the lines the user should see while the run goes on (where a sink's
-    copy goes, a sink that failed); by default nobody.
+    copy goes, a sink that failed, a ledger held by another process); by default nobody.
     """
 
     def __init__(
@@ -50,9 +63,14 @@ class LedgerRecorder(Recorder):
         flush_every: int = 1,
         flush_seconds: float = 2.0,
         note: Callable[[str], None] | None = None,
+        max_rows: int = MAX_ROWS,
     ) -> None:
         self.ledger, self.run_id = ledger, run_id
         self._note = note
+        self.max_rows = max(1, max_rows)
+        self._held_since: float | None = None  # when the ledger first refused the rows
+        self._waits_said = -NOTE_EVERY  # when training last said it waits for the ledger
+        ledger.on_busy = self._waiting
         self.clock = PhaseClock(ledger, run_id)
         self.flush_every = max(1, flush_every)
         self.flush_seconds = flush_seconds
@@ -110,7 +128,7 @@ class LedgerRecorder(Recorder):
         )
         self._last = (s.step, s.tokens, s.targets)
         if len(self.rows) >= self.flush_every or self._beat_due():
-            self.flush(trainer)
+            self.flush(trainer, wait=len(self.rows) >= self.max_rows)
 
     def _beat_due(self) -> bool:
         phase = self.clock.current
@@ -119,17 +137,67 @@ class LedgerRecorder(Recorder):
         late = time.monotonic() - self._flushed_at >= self.flush_seconds
         return late or phase.id != self._beaten
 
-    def flush(self, trainer: Any = None) -> None:
-        """Write the buffered rows, then beat the open phase up to their last step."""
+    def flush(self, trainer: Any = None, wait: bool = True) -> None:
+        """Write the buffered rows and beat the open phase up to their last step (one
+        transaction). Without ``wait``, a ledger another process holds keeps them in
+        memory and training goes on; with it (before a checkpoint, at the end, with
+        ``max_rows`` buffered) training waits for the ledger, up to its patience."""
         if self.rows:
-            self.ledger.add_steps(self.run_id, self.rows)
             phase = self.clock.current
-            if phase is not None:
-                self.ledger.beat(phase.id, step=int(self.rows[-1]["step"]))
-                self._beaten = phase.id
+            beat = None if phase is None else phase.id
+            try:
+                if wait:
+                    if len(self.rows) >= self.max_rows and self._held_since is not None:
+                        self.note(
+                            f"warning: {len(self.rows):,} updates wait for {self.ledger.path}: "
+                            "training waits for it"
+                        )
+                    self.ledger.add_steps(self.run_id, self.rows, beat=beat)
+                else:
+                    with self.ledger.waiting_at_most(0):
+                        self.ledger.add_steps(self.run_id, self.rows, beat=beat)
+            except LedgerBusyError:
+                if wait:
+                    raise
+                self._held()
+                self._flushed_at = time.monotonic()  # tried again in flush_seconds
+                return
+            self._beaten = beat
+            self._released()
             self.sinks.log_steps(self.rows)  # what the ledger now holds, never more
         self.rows = []
         self._flushed_at = time.monotonic()
+
+    # -- a ledger held by another process -----------------------------------------------
+
+    def _held(self) -> None:
+        if self._held_since is None:
+            self._held_since = time.monotonic()
+            self.note(
+                f"warning: {self.ledger.path} is locked by another process; training goes "
+                f"on, its per-update rows kept in memory until the ledger is free (up to "
+                f"{self.max_rows:,}, then training waits for it)"
+            )
+
+    def _released(self) -> None:
+        if self._held_since is not None:
+            held = time.monotonic() - self._held_since
+            self._held_since = None
+            self.note(
+                f"{self.ledger.path} is free again after {held:,.1f} s: "
+                f"{len(self.rows):,} buffered updates written"
+            )
+
+    def _waiting(self, waited: float) -> None:
+        """The ledger retries a statement another process's lock holds back."""
+        now = time.monotonic()
+        if waited >= 1.0 and now - self._waits_said >= NOTE_EVERY:
+            self._waits_said = now
+            self.note(
+                f"warning: {self.ledger.path} is locked by another process: training waits "
+                f"for it ({waited:,.0f} s so far, at most {self.ledger.patience:,.0f} s: "
+                "log.ledger_timeout)"
+            )
 
     # -- facts --------------------------------------------------------------------------
 

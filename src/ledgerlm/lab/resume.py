@@ -115,6 +115,7 @@ def resume_run(
             with failing(recorder):
                 ph = recorder.start("restore", resume=True, restart=restart)
                 recipe = load_recipe(run_dir / "recipe.toml")
+                ledger.patience = recipe.log.ledger_timeout
                 recorder.flush_every = max(1, recipe.eval.every_steps)
                 open_sinks(recorder, recipe, run_dir)  # closed by failing(), however it ends
                 world = placed(world, recipe.train)
@@ -143,6 +144,8 @@ def resume_run(
                 cursor = saved["data"].get("cursor") or saved["data"].get("mix") if saved else None
                 ph.detail.update(step=step, cursor=cursor)
                 recorder.event("resume", f"{'restart' if restart else 'from'} step {step}", step)
+                if saved and saved.get("unwritten_steps"):  # a ledger locked past its timeout
+                    ledger.add_steps(run_id, saved["unwritten_steps"])
                 ranks = saved.get("ranks", 1) if saved else world.size
                 training = same_global_batch(recipe, ranks, world)
 
@@ -155,6 +158,7 @@ def resume_run(
                     store.text,
                     earlier=_earlier(before),
                     step=step,
+                    owed=bool(saved and saved.get("owed_evaluation")),
                 )
                 train_run(
                     recorder,

@@ -43,7 +43,7 @@ from ledgerlm.lab.mixture import plan, use_search
 from ledgerlm.lab.recorder import LedgerRecorder
 from ledgerlm.lab.sinks import check_sinks, open_sinks
 from ledgerlm.ledger.mixture import PLAN_EVENT
-from ledgerlm.ledger.store import Ledger, LedgerError
+from ledgerlm.ledger.store import Ledger, LedgerBusyError, LedgerError
 from ledgerlm.mixture.plan import MixturePlan
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.tokens.loader import test_batches
@@ -108,14 +108,23 @@ def run_lock(run_dir: Path) -> Iterator[None]:
 
 @contextmanager
 def failing(recorder: LedgerRecorder) -> Iterator[None]:
-    """Any error (Ctrl-C included) closes the open phase and marks the run failed; however
-    the run ends, its sinks are closed (flushed, with the run's status)."""
+    """Any error (Ctrl-C included) writes the updates still buffered, closes the open
+    phase and marks the run failed; however the run ends, its sinks are closed (flushed,
+    with the run's status). When the error is the ledger's and the ledger cannot take
+    that either, the error says so (``ledger list`` then calls the run interrupted)."""
     try:
         yield
     except BaseException as exc:
-        recorder.stop()
-        recorder.event("error", f"{type(exc).__name__}: {exc}")
-        recorder.ledger.finish_run(recorder.run_id, "failed")
+        try:
+            recorder.flush()
+            recorder.stop()
+            recorder.event("error", f"{type(exc).__name__}: {exc}")
+            recorder.ledger.finish_run(recorder.run_id, "failed")
+        except LedgerError as again:
+            if not isinstance(exc, LedgerError):
+                raise
+            also = "" if str(again) == str(exc) else f" ({again})"
+            raise type(exc)(f"{exc}; nor could the run be marked failed{also}") from None
         raise
     finally:
         recorder.close()
@@ -193,11 +202,41 @@ def train_run(
             resumed=resumed,
             more=more,
         )
-        trainer.fit()
-    close_training(recorder, trainer, evaluator, checkpoints, test)
-    reached = evaluator.reached_step is not None
-    recorder.ledger.finish_run(recorder.run_id, "reached" if reached else "not reached")
+        with checkpointed_if_locked(recorder, trainer, evaluator, checkpoints):
+            trainer.fit()
+    with checkpointed_if_locked(recorder, trainer, evaluator, checkpoints):
+        close_training(recorder, trainer, evaluator, checkpoints, test)
+        reached = evaluator.reached_step is not None
+        recorder.ledger.finish_run(recorder.run_id, "reached" if reached else "not reached")
     return trainer
+
+
+@contextmanager
+def checkpointed_if_locked(
+    recorder: LedgerRecorder,
+    trainer: Trainer,
+    evaluator: EvalCallback,
+    checkpoints: tuple[Path, dict[str, Any]],
+) -> Iterator[None]:
+    """A ledger another process held past ``log.ledger_timeout`` stops the run, but only
+    once it is checkpointed where it stands (the updates the ledger has not taken and
+    an evaluation owed at that step go in the checkpoint), so ``ledgerlm resume``
+    continues it; ``failing`` then marks it failed. A sharded run, which every rank
+    checkpoints together, stops at its last checkpoint."""
+    try:
+        yield
+    except LedgerBusyError as exc:
+        if trainer.world.sharded:
+            raise
+        step = trainer.state.step
+        folder, extra = checkpoints
+        kept = {"unwritten_steps": recorder.rows} if recorder.rows else {}
+        owed = {"owed_evaluation": True} if evaluator.owed else {}
+        save_training(folder, trainer, {**extra, **kept, **owed})
+        raise LedgerBusyError(
+            f"{exc}, past log.ledger_timeout = {recorder.ledger.patience:g} s: the run is "
+            f"checkpointed at step {step} (ledgerlm resume {recorder.run_id} continues it)"
+        ) from None
 
 
 def close_training(
@@ -369,7 +408,7 @@ def run_recipe(
         check_sinks(recipe)  # nor a sink whose library is missing
         if recipe.tokenizer.from_ is not None:
             tokenizer_file(recipe.tokenizer.from_)
-        ledger = Ledger(workspace.ledger_path)
+        ledger = Ledger(workspace.ledger_path, patience=recipe.log.ledger_timeout)
     init = search = None
     try:
         if recipe.train.init_from:
@@ -493,8 +532,9 @@ def follow(recipe: Recipe | None, workspace: Workspace, world: World) -> RunResu
         shift = BeforeAfter(init, workspace, recipe)
         shift.score(Recorder(), "before", parts.model, val, store.domains, world)
     args = (val, recipe.eval, recipe.pack.attention, store.domains, store.text)
+    owed = bool(saved and saved.get("owed_evaluation"))  # see checkpointed_if_locked
     evaluator = (
-        ResumedEval(*args, earlier=sent["earlier"], step=saved["step"] if saved else 0)
+        ResumedEval(*args, earlier=sent["earlier"], step=saved["step"] if saved else 0, owed=owed)
         if again
         else EvalCallback(*args)
     )

@@ -9,6 +9,13 @@ An open phase carries a heartbeat (``beat_at``, written by ``Ledger.beat``): the
 time its process was known to be alive. ``close_open_phases`` ends the phases a killed
 process left open at their last heartbeat, so their work up to then is charged; the time
 between the last heartbeat and the kill is unknown and is not charged (a lower bound).
+
+Another process may hold the file (a backup, a notebook inside a transaction): a
+statement that meets its lock is retried with backoff for ``patience`` seconds, then
+raises ``LedgerBusyError``. A reader (``read_only``) opens the file ``mode=ro`` and never
+writes, so it still works on a full disk or a read-only mount. Every SQLite error is a
+``LedgerError`` naming the file. A ledger is the record of the runs in the ``runs/``
+folder beside it: an empty (0-byte) ledger beside runs is refused, never taken as new.
 """
 
 from __future__ import annotations
@@ -19,13 +26,13 @@ import math
 import secrets
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from ledgerlm.ledger.coverage import phase_coverage
 from ledgerlm.ledger.target import time_to_target
@@ -35,6 +42,12 @@ from ledgerlm.ledger.target import time_to_target
 # steps.seconds (wall time of the update). 5: steps.at (when the update ended, epoch s).
 SCHEMA_VERSION = 5
 RUN_STATUSES = ("running", "reached", "not reached", "failed")
+BUSY_SLICE = 0.1  # seconds SQLite itself waits on a lock before the retry loop takes over
+_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
+# Primary codes of a read-only open that cannot make the WAL's shared-memory file (a
+# read-only folder, a full disk): READONLY (_DIRECTORY), IOERR (_SHMOPEN), CANTOPEN, FULL.
+_NO_SHM = (8, 10, 13, 14)
+_T = TypeVar("_T")
 
 _META = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)"
 _SCHEMA = f"""
@@ -84,6 +97,42 @@ class LedgerError(Exception):
     """A ledger request that cannot be honoured; the message is one line."""
 
 
+class LedgerBusyError(LedgerError):
+    """Another process held the ledger's lock for longer than the ledger's patience."""
+
+
+def _code(exc: sqlite3.Error) -> int:
+    return int(getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
+
+
+def _busy(exc: sqlite3.Error) -> bool:
+    """The database (or a table of it) is locked by another connection."""
+    text = str(exc)
+    return _code(exc) in (_SQLITE_BUSY, _SQLITE_LOCKED) or "is locked" in text or "busy" in text
+
+
+def _check_file(path: Path) -> None:
+    """Refuse what would be taken for a ledger wrongly: a folder, or a 0-byte file while
+    ``runs/`` beside it holds runs (a new, empty ledger would forget them)."""
+    if path.is_dir():
+        raise LedgerError(f"{path}: is a folder, not a ledger file")
+    if not path.is_file() or path.stat().st_size:
+        return
+    runs = path.with_name("runs")
+    held = sum(1 for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else 0
+    if held:
+        raise LedgerError(
+            f"{path}: empty (0 bytes) although {runs} holds {held} run(s): the ledger was "
+            "lost or truncated; restore it from a backup, or move it away to start a new one"
+        )
+
+
+def _schema_problem(path: Path, found: str | None) -> str | None:
+    if found is not None and not (found.isdigit() and int(found) <= SCHEMA_VERSION):
+        return f"{path}: schema_version {found}, this code reads up to {SCHEMA_VERSION}"
+    return None
+
+
 def _json_default(obj: Any) -> Any:
     # Training code hands over numpy/torch scalars; a ledger write must not crash a run
     # over a detail's type, so scalars become Python numbers and the rest text.
@@ -118,35 +167,165 @@ class OpenPhase:
 
 
 class Ledger:
-    """One SQLite ledger file; cheap to open, safe to open from several processes."""
+    """One SQLite ledger file; cheap to open, safe to open from several processes.
 
-    def __init__(self, path: str | Path) -> None:
+    A writer (the default) creates the file and brings one of an older schema up to
+    date. A reader (``read_only=True``) needs the file, opens it ``mode=ro`` (read-only
+    at the SQLite level: every write is refused) and, where the WAL's shared-memory file
+    cannot be made (a read-only folder, a full disk) and the log holds nothing, reads
+    it as immutable. A statement meeting another process's lock is retried with backoff
+    for up to ``patience`` seconds, calling ``on_busy(waited)`` before each retry, then
+    raises ``LedgerBusyError``.
+    """
+
+    def __init__(
+        self, path: str | Path, *, read_only: bool = False, patience: float = 30.0
+    ) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Autocommit mode: single statements commit at once, multi-statement writes use
-        # an explicit BEGIN IMMEDIATE so they take the write lock up front.
-        self._conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        try:
-            self._conn.row_factory = sqlite3.Row
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=NORMAL")
-            self._conn.execute("PRAGMA foreign_keys=ON")
-            self._init_schema()
-        except sqlite3.Error as exc:  # read-only, full, locked too long, not a database
-            self._conn.close()
-            raise LedgerError(f"{self.path}: cannot open the ledger for writing ({exc})") from None
+        self.read_only = read_only
+        self.patience = patience
+        self.on_busy: Callable[[float], None] | None = None
+        _check_file(self.path)
+        self._conn = self._open_reader() if read_only else self._open_writer()
 
     # -- plumbing -----------------------------------------------------------------------
 
+    def _connect(self, target: str, uri: bool = False) -> sqlite3.Connection:
+        # Autocommit mode: single statements commit at once, multi-statement writes use
+        # an explicit BEGIN IMMEDIATE so they take the write lock up front.
+        try:
+            conn = sqlite3.connect(target, timeout=BUSY_SLICE, isolation_level=None, uri=uri)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    def _open_writer(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = conn = self._connect(str(self.path))
+        try:
+            self._retry(lambda: conn.execute("PRAGMA journal_mode=WAL"))
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            self._init_schema()
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _open_reader(self) -> sqlite3.Connection:
+        if not self.path.is_file():
+            raise LedgerError(f"{self.path}: no ledger here (run something first)")
+        if not self.path.stat().st_size:
+            raise LedgerError(f"{self.path}: empty (0 bytes): no run was ever recorded in it")
+        uri = f"{self.path.resolve().as_uri()}?mode=ro"
+        self._conn = conn = self._connect(uri, uri=True)
+        try:
+            found = self._schema_of(conn)
+        except LedgerError as exc:
+            conn.close()
+            cause = getattr(exc, "sqlite", None)
+            wal = self.path.with_name(self.path.name + "-wal")
+            if not (isinstance(cause, sqlite3.OperationalError) and _code(cause) in _NO_SHM):
+                raise
+            if wal.is_file() and wal.stat().st_size:
+                raise LedgerError(
+                    f"{self.path}: cannot be read: its write-ahead log {wal.name} holds "
+                    f"changes and no shared-memory file can be made beside it ({cause})"
+                ) from None
+            self._conn = conn = self._connect(f"{uri}&immutable=1", uri=True)
+            found = self._schema_of(conn)
+        conn.execute("PRAGMA query_only=1")
+        if problem := _schema_problem(self.path, found):
+            conn.close()
+            raise LedgerError(problem)
+        if found is None or int(found) < SCHEMA_VERSION:
+            conn.close()
+            try:  # an older ledger: bring it up to date once, as any writer would
+                Ledger(self.path, patience=self.patience).close()
+            except LedgerError as exc:
+                raise LedgerError(
+                    f"schema_version {found} is older than this code's {SCHEMA_VERSION} and "
+                    f"bringing it up to date needs to write it: {exc}"
+                ) from None
+            return self._open_reader()
+        return conn
+
+    def _schema_of(self, conn: sqlite3.Connection) -> str | None:
+        def read() -> str | None:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            return None if row is None else str(row["value"])
+
+        try:
+            return self._retry(read)
+        except LedgerError as exc:
+            if "no such table" in str(exc):
+                raise LedgerError(f"{self.path}: not a ledger (it has no meta table)") from None
+            raise
+
+    def _error(self, exc: sqlite3.Error) -> LedgerError:
+        """An SQLite error as one line naming the file (the error kept as ``.sqlite``)."""
+        error = LedgerError(f"{self.path}: {' '.join(str(exc).split())}")
+        error.sqlite = exc  # type: ignore[attr-defined]
+        return error
+
+    def _retry(self, fn: Callable[[], _T]) -> _T:
+        """``fn()``, retried with backoff while another process holds the lock, for up to
+        ``patience`` seconds; an SQLite error is a ``LedgerError`` naming the file."""
+        began, pause = time.monotonic(), 0.05
+        while True:
+            try:
+                return fn()
+            except sqlite3.IntegrityError:
+                raise  # a constraint the caller handles (an id drawn twice)
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc):
+                    raise self._error(exc) from None
+                waited = time.monotonic() - began
+                if waited >= self.patience:
+                    raise LedgerBusyError(
+                        f"{self.path}: database is locked (by another process, for {waited:.1f} s)"
+                    ) from None
+                if self.on_busy is not None:
+                    self.on_busy(waited)
+                time.sleep(min(pause, self.patience - waited))
+                pause = min(2 * pause, 1.0)
+            except sqlite3.Error as exc:
+                raise self._error(exc) from None
+
+    def _exec(self, sql: str, params: tuple | list = ()) -> sqlite3.Cursor:
+        return self._retry(lambda: self._conn.execute(sql, params))
+
+    def _rows(self, sql: str, params: tuple | list = ()) -> list[sqlite3.Row]:
+        return self._retry(lambda: self._conn.execute(sql, params).fetchall())
+
+    def _one(self, sql: str, params: tuple | list = ()) -> sqlite3.Row | None:
+        return self._retry(lambda: self._conn.execute(sql, params).fetchone())
+
+    @contextmanager
+    def waiting_at_most(self, seconds: float) -> Iterator[None]:
+        """Within the block, a statement meeting another process's lock waits at most
+        ``seconds`` (0: one attempt, no wait) before ``LedgerBusyError``."""
+        patience, self.patience = self.patience, seconds
+        self._conn.execute(f"PRAGMA busy_timeout = {int(min(seconds, BUSY_SLICE) * 1000)}")
+        try:
+            yield
+        finally:
+            self.patience = patience
+            self._conn.execute(f"PRAGMA busy_timeout = {int(BUSY_SLICE * 1000)}")
+
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        self._conn.execute("BEGIN IMMEDIATE")
+        self._retry(lambda: self._conn.execute("BEGIN IMMEDIATE"))
         try:
             yield self._conn
-        except BaseException:
-            self._conn.execute("ROLLBACK")
+            self._conn.execute("COMMIT")
+        except BaseException as exc:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise self._error(exc) from None
             raise
-        self._conn.execute("COMMIT")
 
     def _init_schema(self) -> None:
         """Create the tables, or bring a file written by older code up to this schema.
@@ -157,11 +336,8 @@ class Ledger:
         with self._write() as conn:
             conn.execute(_META)
             row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            found = None if row is None else row["value"]
-            if found is not None and not (found.isdigit() and int(found) <= SCHEMA_VERSION):
-                raise LedgerError(
-                    f"{self.path}: schema_version {found}, this code reads up to {SCHEMA_VERSION}"
-                )
+            if problem := _schema_problem(self.path, None if row is None else row["value"]):
+                raise LedgerError(problem)
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
@@ -176,7 +352,7 @@ class Ledger:
             )
 
     def _require_run(self, run_id: str) -> None:
-        if self._conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
+        if self._one("SELECT 1 FROM runs WHERE id = ?", (run_id,)) is None:
             raise LedgerError(f"no run with id {run_id!r}")
 
     def close(self) -> None:
@@ -222,7 +398,7 @@ class Ledger:
             stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%d-%H%M%S")
             run_id = f"{name}-{stamp}-{secrets.token_hex(2)}"
             try:
-                self._conn.execute(
+                self._exec(
                     "INSERT INTO runs(id, name, created_at, status, recipe_json, data_version,"
                     " tokens_version, target_metric, target_value, eval_every, meta_json)"
                     " VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
@@ -249,7 +425,7 @@ class Ledger:
     ) -> None:
         """Fill in versions known only after the data/tokenize stages; ``None`` keeps a value."""
         self._require_run(run_id)
-        self._conn.execute(
+        self._exec(
             "UPDATE runs SET data_version = COALESCE(?, data_version),"
             " tokens_version = COALESCE(?, tokens_version) WHERE id = ?",
             (data_version, tokens_version, run_id),
@@ -259,17 +435,17 @@ class Ledger:
         if status not in RUN_STATUSES:
             raise LedgerError(f"status must be one of {', '.join(RUN_STATUSES)}; got {status!r}")
         self._require_run(run_id)
-        self._conn.execute("UPDATE runs SET status = ? WHERE id = ?", (status, run_id))
+        self._exec("UPDATE runs SET status = ? WHERE id = ?", (status, run_id))
 
     def list_runs(self) -> list[dict]:
         """Runs, newest first; ``last_seen`` is the latest time any phase of the run
         started, ended or beat (when its process was last known alive)."""
-        rows = self._conn.execute(
+        rows = self._rows(
             "SELECT id, name, created_at, status, data_version, tokens_version,"
             " (SELECT MAX(MAX(started_at, COALESCE(ended_at, 0), COALESCE(beat_at, 0)))"
             "  FROM phases WHERE phases.run_id = runs.id) AS last_seen"
             " FROM runs ORDER BY created_at DESC, rowid DESC"
-        ).fetchall()
+        )
         return [dict(row) for row in rows]
 
     def resolve_run(self, ref: str) -> str:
@@ -304,7 +480,7 @@ class Ledger:
         """Time a block of work; the row exists (open) before the work starts."""
         self._require_run(run_id)
         started_at = time.time()
-        cur = self._conn.execute(
+        cur = self._exec(
             "INSERT INTO phases(run_id, kind, started_at, step_start, detail_json)"
             " VALUES (?, ?, ?, ?, ?)",
             (run_id, kind, started_at, step_start, _dumps(detail)),
@@ -324,7 +500,7 @@ class Ledger:
             raise
         finally:
             seconds = time.perf_counter() - t0
-            self._conn.execute(
+            self._exec(
                 "UPDATE phases SET ended_at = ?, seconds = ?, step_end = ?, detail_json = ?"
                 " WHERE id = ?",
                 (time.time(), seconds, handle.step_end, _dumps(handle.detail), handle.id),
@@ -345,7 +521,7 @@ class Ledger:
             raise LedgerError(f"phase seconds must be finite and >= 0, got {seconds!r}")
         self._require_run(run_id)
         ended_at = time.time()
-        cur = self._conn.execute(
+        cur = self._exec(
             "INSERT INTO phases(run_id, kind, started_at, ended_at, seconds, step_start,"
             " step_end, detail_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
@@ -368,7 +544,7 @@ class Ledger:
         ``step_end`` so a phase later closed at this beat covers the right updates. A
         phase that has already ended is left as it is.
         """
-        self._conn.execute(
+        self._exec(
             "UPDATE phases SET beat_at = ?, step_end = COALESCE(?, step_end)"
             " WHERE id = ? AND ended_at IS NULL",
             (time.time(), step, int(phase_id)),
@@ -426,14 +602,12 @@ class Ledger:
         mixture a run really saw is known per evaluation interval."""
         self._require_run(run_id)
         if phase_id is not None:
-            row = self._conn.execute(
-                "SELECT run_id FROM phases WHERE id = ?", (phase_id,)
-            ).fetchone()
+            row = self._one("SELECT run_id FROM phases WHERE id = ?", (phase_id,))
             if row is None or row["run_id"] != run_id:
                 raise LedgerError(f"phase {phase_id} does not belong to run {run_id!r}")
         # A metric that failed to compute is kept as null: visible, and never confirming.
         clean = {str(k): None if v is None else float(v) for k, v in metrics.items()}
-        cur = self._conn.execute(
+        cur = self._exec(
             "INSERT INTO evaluations(run_id, phase_id, step, tokens, targets, updates, snapshot,"
             " metrics_json, consumed_json, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
@@ -460,10 +634,11 @@ class Ledger:
                 [(run_id, str(name), float(value)) for name, value in counters.items()],
             )
 
-    def add_steps(self, run_id: str, rows: list[dict[str, float]]) -> None:
+    def add_steps(self, run_id: str, rows: list[dict[str, float]], beat: int | None = None) -> None:
         """Per-update records (tokens and targets of that update, loss, grad norm, lr, the
         update's wall time in ``seconds`` and when it ended, ``at`` in epoch seconds, when
-        known).
+        known); ``beat``: the id of an open phase to beat up to the last row's step, in
+        the same transaction.
 
         Callers buffer rows and write them in one transaction per evaluation interval,
         so recording every update costs one commit per interval, not per step.
@@ -490,11 +665,16 @@ class Ledger:
                     for r in rows
                 ],
             )
+            if beat is not None:
+                conn.execute(
+                    "UPDATE phases SET beat_at = ?, step_end = ? WHERE id = ? AND ended_at IS NULL",
+                    (time.time(), int(rows[-1]["step"]), int(beat)),
+                )
 
     def steps(self, run_id: str) -> list[dict[str, Any]]:
         return [
             dict(r)
-            for r in self._conn.execute(
+            for r in self._rows(
                 "SELECT step, tokens, targets, loss, grad_norm, lr, seconds, at FROM steps"
                 " WHERE run_id = ? ORDER BY step",
                 (run_id,),
@@ -503,7 +683,7 @@ class Ledger:
 
     def add_event(self, run_id: str, kind: str, message: str, step: int | None = None) -> None:
         self._require_run(run_id)
-        self._conn.execute(
+        self._exec(
             "INSERT INTO events(run_id, step, kind, message, created_at) VALUES (?, ?, ?, ?, ?)",
             (run_id, step, kind, message, time.time()),
         )
@@ -512,7 +692,7 @@ class Ledger:
 
     def run_summary(self, run_id: str) -> dict:
         """Everything known about one run, with the time-to-target verdict computed fresh."""
-        row = self._conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        row = self._one("SELECT * FROM runs WHERE id = ?", (run_id,))
         if row is None:
             raise LedgerError(f"no run with id {run_id!r}")
         run = dict(row)
@@ -520,9 +700,7 @@ class Ledger:
         run["meta"] = json.loads(run.pop("meta_json") or "{}")
 
         phases = []
-        for phase_row in self._conn.execute(
-            "SELECT * FROM phases WHERE run_id = ? ORDER BY id", (run_id,)
-        ):
+        for phase_row in self._rows("SELECT * FROM phases WHERE run_id = ? ORDER BY id", (run_id,)):
             phase = dict(phase_row)
             phase["detail"] = json.loads(phase.pop("detail_json") or "{}")
             phases.append(phase)
@@ -534,7 +712,7 @@ class Ledger:
             totals[phase["kind"]] = totals.get(phase["kind"], 0.0) + (phase["seconds"] or 0.0)
 
         evaluations = []
-        for eval_row in self._conn.execute(
+        for eval_row in self._rows(
             "SELECT * FROM evaluations WHERE run_id = ? ORDER BY step, id", (run_id,)
         ):
             evaluation = dict(eval_row)
@@ -544,15 +722,13 @@ class Ledger:
 
         counters = {
             r["name"]: _number(r["value"])
-            for r in self._conn.execute(
+            for r in self._rows(
                 "SELECT name, value FROM counters WHERE run_id = ? ORDER BY name", (run_id,)
             )
         }
         events = [
             dict(r)
-            for r in self._conn.execute(
-                "SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,)
-            )
+            for r in self._rows("SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,))
         ]
         contract = run["meta"].get("contract", {})
         verdict = time_to_target(
@@ -563,11 +739,11 @@ class Ledger:
             int(contract.get("confirm", 1)),
             contract.get("targets") or {},
         )
-        recorded = self._conn.execute(
+        recorded = self._one(
             "SELECT COUNT(*), COALESCE(SUM(tokens), 0), COALESCE(SUM(targets), 0)"
             " FROM steps WHERE run_id = ?",
             (run_id,),
-        ).fetchone()
+        )
         return {
             "run": run,
             "phases": phases,

@@ -205,6 +205,7 @@ class EvalCallback:
     text: TokenText | None = None  # with it, evaluations also give bits per byte
     history: list[dict[str, Any]] = field(default_factory=list)
     reached_step: int | None = None
+    owed: bool = False  # an evaluation was due and its result is not recorded yet
     _streak: int = 0
     _prev_tokens: int = 0
     _pending: tuple[Future, dict[str, Any]] | None = None
@@ -225,6 +226,7 @@ class EvalCallback:
             due = s.step % self.cfg.every_steps == 0
         self._prev_tokens = s.tokens
         if due and not s.should_stop:
+            self.owed = True
             self.run(trainer)
 
     def on_train_end(self, trainer) -> None:
@@ -233,6 +235,7 @@ class EvalCallback:
             self._pool.shutdown()
             self._pool = None
         if not self.history or self.history[-1]["step"] != trainer.state.step:
+            self.owed = True
             self.run(trainer, final=True)
 
     def score(self, trainer) -> dict[str, float]:
@@ -326,6 +329,7 @@ class EvalCallback:
 
     def _record(self, record: dict[str, Any], trainer, section: Section) -> dict[str, Any]:
         trainer.recorder.evaluation(record, section, trainer.state.counters())
+        self.owed = False
         self.history.append(record)
         self.observe(record, trainer)
         return record

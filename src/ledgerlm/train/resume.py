@@ -79,19 +79,37 @@ class ResumedEval(EvalCallback):
     Updates redone after a resume are bitwise those the killed process made, so an
     evaluation it recorded past the checkpoint scored the same weights: when the
     weights digest matches, that row stands; otherwise a fresh evaluation is recorded.
+
+    ``owed``: the checkpoint was written while an evaluation due at its step (or before
+    it, when asynchronous) was not yet recorded (a ledger locked past its timeout); one
+    is made at the checkpoint's step before the first update, unless the ledger has it.
     """
 
-    def __init__(self, *args: Any, earlier: list[dict[str, Any]], step: int, **kw: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        earlier: list[dict[str, Any]],
+        step: int,
+        owed: bool = False,
+        **kw: Any,
+    ) -> None:
         super().__init__(*args, **kw)
         self.recorded = {int(e["step"]): e for e in earlier if e["step"] > step}
         for e in sorted((e for e in earlier if e["step"] <= step), key=lambda e: e["step"]):
             self.history.append(e)
             self.observe(e, None)
+        self.owed = owed and not (self.history and self.history[-1]["step"] == step)
+
+    def on_train_start(self, trainer) -> None:
+        super().on_train_start(trainer)
+        if self.owed:
+            self.run(trainer)
 
     def run(self, trainer, final: bool = False) -> dict[str, Any] | None:
         earlier = self.recorded.pop(trainer.state.step, None)
         if earlier is None or earlier["snapshot"] != weights_digest(trainer.model):
             return super().run(trainer, final)
+        self.owed = False
         self.history.append(earlier)
         self.observe(earlier, trainer)
         return earlier

@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -28,6 +29,9 @@ MANIFEST = "manifest.json"
 # content and must be identical whoever built it and however fast.
 BUILD_INFO = "build.json"
 SCHEMA_VERSION = 1
+# A builder's private folder (``tempfile.mkdtemp``'s 8 random characters after the
+# version), as opposed to a resumable build's fixed ``.building-<version>``.
+_PRIVATE_BUILD = re.compile(r"\.building-(.+)-[a-z0-9_]{8}")
 
 
 def content_hash(*parts: Any, length: int = 16) -> str:
@@ -245,6 +249,7 @@ class Workspace:
         with self._build_lock(kind, version, progress):
             if self.has_version(kind, version):  # published while we waited
                 raise AlreadyPublished(f"{kind} version {version} already exists")
+            self._remove_dead_builds(kind, version)
             if not resumable:
                 tmp = Path(tempfile.mkdtemp(prefix=f".building-{version}-", dir=final.parent))
                 try:
@@ -263,9 +268,33 @@ class Workspace:
                 raise
             self._publish(kind, version, tmp, final)
 
+    def _remove_dead_builds(self, kind: str, version: str) -> None:
+        """Remove the private folders (``.building-<version>-<random>``) that builders
+        killed before they could clean up left behind: those of ``version`` (its lock is
+        the caller's) and those of any other version whose lock nobody holds. A
+        resumable folder (``.building-<version>``) is kept for its version's next build.
+        """
+        for tmp in sorted((self.root / kind).glob(".building-*-*")):
+            found = _PRIVATE_BUILD.fullmatch(tmp.name)
+            if found is None or not tmp.is_dir():
+                continue
+            owner = found.group(1)
+            if owner == version:
+                shutil.rmtree(tmp, ignore_errors=True)
+                continue
+            try:
+                with self._build_lock(kind, owner, None, wait=False) as held:
+                    if held:
+                        shutil.rmtree(tmp, ignore_errors=True)
+            except (ValueError, OSError):  # not a version's name, or not ours to remove
+                continue
+
     @contextmanager
-    def _build_lock(self, kind: str, version: str, progress: Any) -> Iterator[None]:
-        """Hold ``.building-<version>.lock`` exclusively, waiting for another holder.
+    def _build_lock(
+        self, kind: str, version: str, progress: Any, *, wait: bool = True
+    ) -> Iterator[bool]:
+        """Hold ``.building-<version>.lock`` exclusively, waiting for another holder
+        (or, without ``wait``, yielding False at once if there is one; else True).
 
         The holder unlinks the file before it lets go, so a waiter that wakes up on a
         file no longer at that path tries again on the new one: two processes never both
@@ -279,6 +308,10 @@ class Workspace:
                 try:
                     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
+                    if not wait:
+                        lock.close()
+                        yield False
+                        return
                     if not shown and progress is not None:
                         what = f"{kind}: waiting for another process building {version}"
                         waiting.enter_context(progress.task(what))
@@ -292,7 +325,7 @@ class Workspace:
                     break
                 lock.close()  # the previous holder removed that file: lock the current one
         try:
-            yield
+            yield True
         finally:
             path.unlink(missing_ok=True)  # before unlocking, so no waiter keeps using it
             lock.close()

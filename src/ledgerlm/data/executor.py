@@ -14,6 +14,10 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import signal
+import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
@@ -113,13 +117,18 @@ class ShardPool:
     def __enter__(self) -> ShardPool:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.close(abandon=exc_type is not None)
 
-    def close(self) -> None:
+    def close(self, abandon: bool = False) -> None:
+        """Stop the workers. ``abandon`` (the build is failing or interrupted: a job's
+        error, Ctrl-C, a signal handled as an exception): kill them at once instead of
+        waiting for the jobs they are running."""
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+            pool, self._pool = self._pool, None
+            if abandon:  # the pool sees its workers die and fails their futures
+                _kill_workers(pool)
+            pool.shutdown(wait=True, cancel_futures=not abandon)
             _stop_fork_server()
 
     def map(
@@ -144,7 +153,12 @@ class ShardPool:
                     on_done(i)
             return results
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=_context())
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.workers,
+                mp_context=_context(),
+                initializer=_start_worker,
+                initargs=(os.getpid(),),
+            )
         results: list[Any] = [None] * len(jobs)
         pending: dict[Future, int] = {self._pool.submit(fn, *job): i for i, job in enumerate(jobs)}
         try:
@@ -155,10 +169,95 @@ class ShardPool:
                     results[i] = fut.result()
                     if on_done:
                         on_done(i)
-        finally:
-            for fut in pending:  # a job failed: do not start the rest
-                fut.cancel()
+        except BaseException:  # a job failed, or the caller was interrupted: stop the rest
+            self.close(abandon=True)
+            raise
         return results
+
+
+# Linux's prctl option for the signal a process gets when its parent ends.
+_PR_SET_PDEATHSIG = 1
+# How often a worker's watchdog looks for its parent and its owner.
+_WATCH_SECONDS = 0.5
+
+
+def die_with_parent() -> None:
+    """Have the kernel kill this process (SIGKILL) when its parent ends: Linux's
+    parent-death signal. Elsewhere nothing; the watchdog of ``_start_worker`` covers
+    the workers there, and the fork server exits once its workers are gone.
+
+    The "parent" is the thread that started the process: the fork server must be
+    started (``start_workers``, a pool's first job) by a thread that outlives the pool.
+    """
+    if not sys.platform.startswith("linux"):
+        return  # pragma: no cover - Linux only
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _start_worker(owner: int) -> None:
+    """What a local worker runs first, so that it never outlives the build that started
+    it (``owner``, the process holding the pool): a parent-death signal tied to the fork
+    server (itself killed with the owner, ``worker_init``), and a watchdog thread that
+    ends the worker when its parent changes or the owner is gone or a zombie, wherever
+    there is no such signal (and if the parent died before the signal was set). Ctrl-C
+    is the owner's to handle (it kills the pool, ``ShardPool.close``), and nothing a
+    worker prints reaches the owner's output: a worker never holds the owner's stdout.
+    """
+    import psutil
+
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    parent = os.getppid()
+    try:
+        process = psutil.Process(owner)
+    except psutil.Error:
+        os._exit(1)
+    threading.Thread(
+        target=_watch, args=(parent, process), name="ledgerlm-watchdog", daemon=True
+    ).start()
+
+
+def _watch(parent: int, owner: Any) -> None:
+    import psutil
+
+    while True:
+        try:
+            alive = owner.is_running() and owner.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            alive = False
+        if not alive or os.getppid() != parent:
+            os._exit(1)
+        time.sleep(_WATCH_SECONDS)
+
+
+def _kill_workers(pool: ProcessPoolExecutor) -> None:
+    """Kill a pool's workers, those the fork server forked that the pool has no record
+    of yet (an interrupt can land between asking for a worker and recording it), and the
+    fork server itself, which could still fork one: nothing is left that
+    ``_stop_fork_server`` would wait for."""
+    import psutil
+
+    pids = [p.pid for p in list((getattr(pool, "_processes", None) or {}).values())]
+    server = _fork_server()
+    if server is not None:
+        with contextlib.suppress(psutil.Error):
+            pids = [server, *pids, *(c.pid for c in psutil.Process(server).children())]
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _fork_server() -> int | None:
+    """The pid of this process's fork server, if one was started."""
+    from multiprocessing import forkserver
+
+    return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
 
 
 def _stop_fork_server() -> None:
@@ -169,7 +268,7 @@ def _stop_fork_server() -> None:
     from multiprocessing import forkserver
 
     server = getattr(forkserver, "_forkserver", None)
-    if getattr(server, "_forkserver_pid", None) is None or not hasattr(server, "_stop"):
+    if _fork_server() is None or not hasattr(server, "_stop"):
         return
     with contextlib.suppress(OSError, AttributeError):  # depends on the Python version
         server._stop()

@@ -165,13 +165,14 @@ def test_config_show_json_has_the_unused_table():
 
 def test_config_show_piped_at_80_columns_is_a_recipe_that_loads(tmp_path):
     """``config show > r.toml`` keeps a long line whole: the file loads to the same recipe."""
+    import os
     import subprocess
     import sys
 
     long_path = "corpora/" + "a" * 70 + "/second part/" + "b" * 40 + ".jsonl"
     exe = Path(sys.executable).with_name("ledgerlm")
     args = [str(exe), "config", "show", str(TINY), "--set", f'data.sources=["{long_path}"]']
-    env = {"COLUMNS": "80", "PATH": "/usr/bin:/bin"}
+    env = {**os.environ, "COLUMNS": "80"}
     shown = subprocess.run(args, capture_output=True, text=True, check=True, env=env)
     (tmp_path / "r.toml").write_text(shown.stdout)
     reread = load_recipe(tmp_path / "r.toml")

@@ -706,6 +706,14 @@ class TrainConfig(_Section):
         "both sum gradients over ranks. auto = fsdp under torchrun (ddp with muon), none "
         "in one process.",
     )
+    collective_timeout: float = Field(
+        600.0,
+        gt=0,
+        description="Under torchrun: seconds a rank waits in a collective (a step, an "
+        "evaluation, a checkpoint) for the other ranks before it stops with one line "
+        "saying which stopped answering; more than rank 0 ever spends alone (a "
+        "checkpoint write).",
+    )
     checkpoint_every: int = Field(
         0, ge=0, description="Save a resumable checkpoint every N updates; 0 = only at the end."
     )

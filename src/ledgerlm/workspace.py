@@ -126,6 +126,25 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return found
 
 
+@contextmanager
+def naming_path(path: Path) -> Iterator[None]:
+    """An ``OSError`` that names no file (a plain write's, pyarrow's: ``Error writing
+    bytes to file. Detail: [errno 28] No space left on device``) is raised again naming
+    ``path`` (the folder being written), with its errno and the system's words for it,
+    so a full disk says where it is full."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        number = exc.errno
+        if number is None and (found := re.search(r"\[errno (\d+)\]", str(exc), re.I)):
+            number = int(found.group(1))
+        if number is None:
+            raise OSError(f"{path}: {' '.join(str(exc).split())}") from exc
+        raise OSError(number, os.strerror(number), str(path)) from exc
+
+
 @dataclass(frozen=True)
 class BuiltVersion:
     """A finished data or tokens version, and whether this call built or reused it."""
@@ -253,7 +272,8 @@ class Workspace:
             if not resumable:
                 tmp = Path(tempfile.mkdtemp(prefix=f".building-{version}-", dir=final.parent))
                 try:
-                    yield tmp
+                    with naming_path(tmp):
+                        yield tmp
                     self._publish(kind, version, tmp, final)
                 finally:
                     if tmp.exists():
@@ -262,7 +282,8 @@ class Workspace:
             tmp = final.parent / f".building-{version}"
             tmp.mkdir(exist_ok=True)
             try:
-                yield tmp
+                with naming_path(tmp):
+                    yield tmp
             except discard_on:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise

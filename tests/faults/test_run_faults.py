@@ -124,7 +124,7 @@ def test_a_full_disk_during_a_checkpoint_fails_the_run_cleanly(prepared, tmp_pat
         preexec_fn=_limited(1_000_000),
     )
     line = _one_error_line(proc)
-    assert "checkpoint at step 5 not written (File too large)" in line
+    assert "checkpoint at step 5 not written (File too large); there is no earlier one" in line
     run, summary = _latest(ws)
     assert run["status"] == "failed"
     assert summary["open_phases"] == 0

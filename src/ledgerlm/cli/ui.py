@@ -9,7 +9,7 @@ import sqlite3
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,6 +25,13 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from ledgerlm.lab.signals import (
+    exit_status,
+    received,
+    signal_name,
+    signals_as_interrupts,
+    undisturbed,
+)
 from ledgerlm.ledger.store import LedgerError
 from ledgerlm.workspace import DEFAULT_WORKSPACE
 
@@ -144,23 +151,35 @@ def error_line(exc: BaseException) -> str:
     return " ".join(text.split())  # one line, whatever the message held
 
 
+def _print_error(line: str) -> None:
+    """The error line; a signal arriving meanwhile does not cut it short, and a terminal
+    that hung up (SIGHUP) takes none."""
+    with undisturbed(), suppress(OSError):
+        err_console.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+
+
 def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn expected errors into one clear line on stderr and exit code 2."""
+    """Turn expected errors into one clear line on stderr and exit code 2; SIGTERM and
+    SIGHUP end the command as Ctrl-C does (``lab/signals.py``): ``error: interrupted by
+    SIGTERM`` and the exit status a shell gives that signal (143; 130 for Ctrl-C)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except USER_ERRORS as exc:
-            if os.environ.get("LEDGERLM_TRACEBACK"):
+        with signals_as_interrupts():
+            try:
+                return fn(*args, **kwargs)
+            except (typer.Exit, SystemExit):
                 raise
-            err_console.print(
-                f"[bold red]error:[/] {escape(error_line(exc))}", highlight=False, soft_wrap=True
-            )
-            raise typer.Exit(2) from None
-        except KeyboardInterrupt:
-            err_console.print("[bold red]interrupted[/]")
-            raise typer.Exit(130) from None
+            except BaseException as exc:
+                # a signal ends the command, whatever error it caused on the way out
+                stop = exc if isinstance(exc, KeyboardInterrupt) else received()
+                if stop is not None:
+                    _print_error(f"interrupted by {signal_name(stop)}")
+                    raise typer.Exit(exit_status(stop)) from None
+                if not isinstance(exc, USER_ERRORS) or os.environ.get("LEDGERLM_TRACEBACK"):
+                    raise
+                _print_error(error_line(exc))
+                raise typer.Exit(2) from None
 
     return wrapper
 

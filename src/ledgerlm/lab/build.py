@@ -40,12 +40,14 @@ def determinism(train: TrainConfig) -> None:
 
 
 def placed(world: World, train: TrainConfig) -> World:
-    """The world on the recipe's device and engine. ``train.parallel = "auto"`` shards
-    with FSDP2 under torchrun, except for Muon (which needs whole matrices: DDP)."""
+    """The world on the recipe's device and engine, its collectives bounded by
+    ``train.collective_timeout`` once training starts (``build_trainer``).
+    ``train.parallel = "auto"`` shards with FSDP2 under torchrun, except for Muon (which
+    needs whole matrices: DDP)."""
     parallel = train.parallel
     if parallel == "auto" and world.distributed:
         parallel = "ddp" if train.optimizer == "muon" else "fsdp"
-    return world.placed(train.device, parallel)
+    return world.placed(train.device, parallel, timeout=train.collective_timeout)
 
 
 @dataclass
@@ -162,4 +164,5 @@ def build_trainer(
         trainer.load_state_dict(resumed)
         if task is not None:
             task.advance(trainer.state.step)
+    world.start_together()  # from here each collective waits train.collective_timeout
     return trainer

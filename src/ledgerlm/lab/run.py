@@ -41,6 +41,7 @@ from ledgerlm.lab.build import (
 from ledgerlm.lab.continued import BeforeAfter, InitSource, find_version, init_source
 from ledgerlm.lab.mixture import plan, use_search
 from ledgerlm.lab.recorder import LedgerRecorder
+from ledgerlm.lab.signals import received, signal_name, undisturbed
 from ledgerlm.lab.sinks import check_sinks, open_sinks
 from ledgerlm.ledger.mixture import PLAN_EVENT
 from ledgerlm.ledger.store import Ledger, LedgerBusyError, LedgerError
@@ -51,7 +52,7 @@ from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.shards import TokenStore, build_tokens
 from ledgerlm.tokens.tokenizer import tokenizer_file
 from ledgerlm.train.checkpoint import load_checkpoint
-from ledgerlm.train.distributed import World
+from ledgerlm.train.distributed import PeerLostError, World, watching_peers
 from ledgerlm.train.evaluate import EvalCallback, evaluate, unigram_entropy, weights_digest
 from ledgerlm.train.loop import Trainer
 from ledgerlm.train.memory import check_memory
@@ -108,26 +109,35 @@ def run_lock(run_dir: Path) -> Iterator[None]:
 
 @contextmanager
 def failing(recorder: LedgerRecorder) -> Iterator[None]:
-    """Any error (Ctrl-C included) writes the updates still buffered, closes the open
-    phase and marks the run failed; however the run ends, its sinks are closed (flushed,
-    with the run's status). When the error is the ledger's and the ledger cannot take
-    that either, the error says so (``ledger list`` then calls the run interrupted)."""
+    """Any error writes the updates still buffered, closes the open phase, records an
+    ``error`` event and marks the run failed; an interrupt (Ctrl-C, SIGTERM, SIGHUP:
+    ``lab/signals.py``) does the same with an ``interrupted`` event naming the signal.
+    However the run ends, its sinks are closed (flushed, with the run's status); a
+    second signal does not cut that short. When the error is the ledger's and the
+    ledger cannot take that either, the error says so (``ledger list`` then calls the
+    run interrupted)."""
     try:
         yield
     except BaseException as exc:
-        try:
-            recorder.flush()
-            recorder.stop()
-            recorder.event("error", f"{type(exc).__name__}: {exc}")
-            recorder.ledger.finish_run(recorder.run_id, "failed")
-        except LedgerError as again:
-            if not isinstance(exc, LedgerError):
-                raise
-            also = "" if str(again) == str(exc) else f" ({again})"
-            raise type(exc)(f"{exc}; nor could the run be marked failed{also}") from None
+        with undisturbed():
+            try:
+                recorder.flush()
+                recorder.stop()
+                stop = exc if isinstance(exc, KeyboardInterrupt) else received()
+                if stop is not None:  # the error, if another, came of the signal
+                    recorder.event("interrupted", signal_name(stop))
+                else:
+                    recorder.event("error", f"{type(exc).__name__}: {exc}")
+                recorder.ledger.finish_run(recorder.run_id, "failed")
+            except LedgerError as again:
+                if not isinstance(exc, LedgerError):
+                    raise
+                also = "" if str(again) == str(exc) else f" ({again})"
+                raise type(exc)(f"{exc}; nor could the run be marked failed{also}") from None
         raise
     finally:
-        recorder.close()
+        with undisturbed():
+            recorder.close()
 
 
 def check_contract(recipe: Recipe, world: World) -> None:
@@ -436,7 +446,7 @@ def run_recipe(
     recorder.start("setup", what="run folder and recipe")
     run_dir = workspace.run_dir(run_id)
     try:
-        with handoff.guard(), failing(recorder), run_lock(run_dir):
+        with handoff.guard(), failing(recorder), watching_peers(world), run_lock(run_dir):
             open_sinks(recorder, recipe, run_dir)  # rank 0 only: followers have no recorder
             atomic_write_text(run_dir / "recipe.toml", recipe_to_toml(recipe))
             data, tokens, store = prepare_versions(recorder, recipe, workspace, progress, verify)
@@ -513,7 +523,7 @@ def follow(recipe: Recipe | None, workspace: Workspace, world: World) -> RunResu
     """
     sent = world.broadcast_object(None)
     if sent is None:
-        raise RuntimeError(f"rank {world.rank}: rank 0 failed before training (see its output)")
+        raise PeerLostError(f"rank {world.rank}: rank 0 failed before training (see its output)")
     data = find_version(workspace, "data", sent["data"], verify=False)  # rank 0 checked them
     tokens = find_version(workspace, "tokens", sent["tokens"], verify=False)
     store = TokenStore(tokens.path)

@@ -10,6 +10,7 @@ from typing import Any
 
 WARNING_EVENTS = (
     "error",  # the error that ended the run
+    "interrupted",  # the signal that ended the run (Ctrl-C, SIGTERM, SIGHUP)
     "sink_failed",  # a sink dropped: the dashboard's copy stops there
     "nonfinite",  # a non-finite loss or gradient
     "loss_spike",  # an update's loss far above its running median

@@ -31,9 +31,11 @@ import json
 import os
 import pickle
 import re
+import secrets
 import shutil
-import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +57,8 @@ RNG_FILE = "rng.safetensors"
 
 class CheckpointWriteError(OSError):
     """A checkpoint could not be written (a full disk, a file-size limit, no permission);
-    the previous checkpoint, if any, is intact. The message is one line."""
+    the previous checkpoint, if any, is intact. The message is one line, and says
+    whether there is one."""
 
 
 def _cause(exc: BaseException) -> str:
@@ -174,6 +177,7 @@ def save_checkpoint(
     previous one stays where it was."""
     folder = Path(folder)
     world = world or World()
+    earlier = (resolve_checkpoint(folder) / STATE).is_file()
     try:
         if world.sharded:
             return _save_sharded(folder, model, state, optimizer, world)
@@ -181,19 +185,16 @@ def save_checkpoint(
     except (OSError, SafetensorError) as exc:
         step = state.get("step")
         at = f" at step {step}" if step is not None else ""
+        kept = "the previous one is intact" if earlier else "there is no earlier one"
         raise CheckpointWriteError(
-            f"{folder}: checkpoint{at} not written ({_cause(exc)}); the previous one is intact"
+            f"{folder}: checkpoint{at} not written ({_cause(exc)}); {kept}"
         ) from exc
 
 
 def _save(
     folder: Path, model: torch.nn.Module, state: dict[str, Any], optimizer: Optimizer | None
 ) -> Path:
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    for stale in folder.parent.glob(f".{folder.name}.tmp-*"):  # left by a killed save
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-    try:
+    with _temporary(folder) as tmp:
         # Tied weights share storage; save each tensor once under its first name.
         weights, seen = {}, set()
         for name, t in model.state_dict().items():
@@ -209,10 +210,25 @@ def _save(
             tensors.update(opt_tensors)
         save_file(tensors, str(tmp / TENSORS))
         _publish(tmp, folder, full, [WEIGHTS, TENSORS])
+    return folder
+
+
+@contextmanager
+def _temporary(folder: Path) -> Iterator[Path]:
+    """A fresh hidden folder beside ``folder`` to write the new checkpoint into (after
+    removing those of killed saves), removed unless it was published, however the save
+    ends: it is made inside the block that removes it, so even an interrupt (Ctrl-C,
+    SIGTERM) arriving just after it appears leaves nothing."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    for stale in folder.parent.glob(f".{folder.name}.tmp-*"):  # left by a killed save
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = folder.parent / f".{folder.name}.tmp-{secrets.token_hex(4)}"
+    try:
+        tmp.mkdir(mode=0o700)
+        yield tmp
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return folder
 
 
 def _publish(tmp: Path, folder: Path, state: dict[str, Any], files: list[str]) -> None:
@@ -246,14 +262,8 @@ def _save_sharded(
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    tmp = None
-    if world.is_main:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        for stale in folder.parent.glob(f".{folder.name}.tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent)
-    tmp_dir = Path(world.broadcast_object(tmp))
-    try:
+    with _temporary(folder) if world.is_main else nullcontext() as tmp:
+        tmp_dir = Path(world.broadcast_object(None if tmp is None else str(tmp)))
         dcp.save(_distributed_state(model, optimizer), checkpoint_id=tmp_dir / DCP_DIR)
         rngs: list[Any] = [None] * world.size
         dist.all_gather_object(rngs, torch.get_rng_state())
@@ -263,9 +273,6 @@ def _save_sharded(
             full = {**state, "format": "dcp", "ranks": world.size}
             _publish(tmp_dir, folder, full, files)
         world.barrier()
-    finally:
-        if world.is_main and tmp_dir.exists():
-            shutil.rmtree(tmp_dir, ignore_errors=True)
     return folder
 
 

@@ -53,6 +53,7 @@ class World:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     parallel: str = "none"  # "none" | "ddp" | "fsdp"
     mesh: Any = field(default=None, compare=False)  # the 1-D DeviceMesh of the ranks (fsdp)
+    timeout: float | None = None  # seconds a collective waits once training starts
 
     @property
     def is_main(self) -> bool:
@@ -63,10 +64,14 @@ class World:
     def distributed(self) -> bool:
         return self.size > 1
 
-    def placed(self, device: str = "auto", parallel: str = "auto") -> World:
+    def placed(
+        self, device: str = "auto", parallel: str = "auto", timeout: float | None = None
+    ) -> World:
         """This world on the device and engine a recipe asks for (``train.device``,
         ``train.parallel``): ``auto`` is CUDA when present, and FSDP under torchrun
-        (``none`` in one process, where any engine is ``none``)."""
+        (``none`` in one process, where any engine is ``none``). ``timeout``
+        (``train.collective_timeout``): how long each collective waits for the other
+        ranks once they all train (``start_together``)."""
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cuda":
@@ -92,7 +97,10 @@ class World:
             from torch.distributed.device_mesh import init_device_mesh
 
             mesh = init_device_mesh(where.type, (self.size,))
-        return dataclasses.replace(self, device=where, parallel=parallel, mesh=mesh)
+        timeout = self.timeout if timeout is None else timeout
+        return dataclasses.replace(
+            self, device=where, parallel=parallel, mesh=mesh, timeout=timeout
+        )
 
     @property
     def sharded(self) -> bool:
@@ -126,6 +134,15 @@ class World:
     def barrier(self) -> None:
         if self.distributed:
             dist.barrier()
+
+    def start_together(self) -> None:
+        """Wait until every rank is ready to train (under the group's first timeout: a
+        rank may still be building its model), then bound each later collective by
+        ``timeout``, so a rank that exits or hangs stops the others in that time."""
+        if self.distributed:
+            self.barrier()
+            if self.timeout is not None:
+                _set_timeout(self.timeout, self.mesh)
 
 
 # No annotations: DDP refuses a hook whose annotations are not its own classes, and this
@@ -249,12 +266,101 @@ class RankShard(Iterator[T]):
 
 @contextmanager
 def distributed_world() -> Iterator[World]:
-    """``init_world()`` for the length of a command, then the process group is closed."""
+    """``init_world()`` for the length of a command, then the process group is closed;
+    a collective that lost a rank ends it as a ``PeerLostError`` (``watching_peers``)."""
     world = init_world()
     try:
-        yield world
-        # Every rank reaches the end before the group goes: a rank tearing it down
-        # while another still finishes its last collective can abort that rank.
-        world.barrier()
+        with watching_peers(world):
+            yield world
+            # Every rank reaches the end before the group goes: a rank tearing it down
+            # while another still finishes its last collective can abort that rank.
+            world.barrier()
     finally:
         shutdown_world(world)
+
+
+# -- a rank that stops answering -------------------------------------------------------
+# The process group starts with torch's own timeout (30 minutes for gloo), which bounds
+# the other ranks' wait for rank 0 to prepare the data and tokens and every rank's setup;
+# once all ranks train (``World.start_together``), each collective waits
+# ``train.collective_timeout`` seconds.
+_timeout: list[float] = []  # the timeout in force since then (the group is the process's)
+
+# How gloo says that a collective lost its peer: it waited past the timeout, or the
+# peer's connection closed (the peer exited, was killed, or its machine went away).
+_TIMED_OUT = ("timed out",)
+_GONE = ("connection closed", "connection reset", "broken pipe", "read error", "write error")
+
+
+class PeerLostError(ConnectionError):
+    """A collective could not complete: another rank exited or stopped answering within
+    ``train.collective_timeout``. The run cannot go on without it; the message is one
+    line naming this rank and the other."""
+
+
+def _set_timeout(seconds: float, mesh: Any) -> None:
+    """Every later collective of the default group (and of the mesh's, when it has its
+    own) waits ``seconds`` for the other ranks."""
+    from datetime import timedelta
+
+    from torch.distributed import distributed_c10d as c10d
+
+    set_timeout = getattr(c10d, "_set_pg_timeout", None)
+    if set_timeout is None:  # pragma: no cover - a torch without it keeps its default
+        return
+    groups = [c10d._get_default_group()]
+    if mesh is not None and mesh.get_group() not in groups:
+        groups.append(mesh.get_group())
+    for group in groups:
+        set_timeout(timedelta(seconds=seconds), group)
+    _timeout[:] = [seconds]
+
+
+def _messages(exc: BaseException) -> Iterator[str]:
+    """The texts of ``exc`` and of the errors it was raised from or while handling (DCP
+    and autograd wrap the collective's own error)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield str(e)
+        todo += [e.__cause__, e.__context__]
+
+
+def peer_lost(exc: BaseException, world: World) -> PeerLostError | None:
+    """``exc`` as the one line a lost rank deserves, or None when it is not a collective
+    that lost a rank (or this is one process)."""
+    if isinstance(exc, PeerLostError):
+        return exc
+    # torch.distributed raises RuntimeErrors (DistError among them), DCP a
+    # CheckpointException holding each rank's error; anything else is not a collective's
+    collective = isinstance(exc, RuntimeError) or type(exc).__name__ == "CheckpointException"
+    if not world.distributed or not collective:
+        return None
+    text = " ".join(_messages(exc)).lower()
+    other = f"rank {1 - world.rank}" if world.size == 2 else "another rank"
+    if any(words in text for words in _TIMED_OUT):
+        waited = f"{_timeout[0]:g} s, train.collective_timeout" if _timeout else "its timeout"
+        return PeerLostError(
+            f"rank {world.rank}: {other} stopped answering (a collective waited {waited})"
+        )
+    gone = next((word for word in _GONE if word in text), None)
+    if gone is not None:
+        return PeerLostError(f"rank {world.rank}: {other} exited ({gone} in a collective)")
+    return None
+
+
+@contextmanager
+def watching_peers(world: World) -> Iterator[None]:
+    """A collective that failed because another rank exited or stopped answering is
+    raised as a ``PeerLostError`` (one line, not gloo's traceback); other errors pass."""
+    try:
+        yield
+    except BaseException as exc:
+        lost = peer_lost(exc, world)
+        if lost is None or lost is exc:
+            raise
+        raise lost from None

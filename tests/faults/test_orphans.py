@@ -343,3 +343,28 @@ def test_the_next_build_removes_the_folders_of_dead_builders_only(tmp_path):
     finally:
         live.kill()
         live.wait(10)
+
+
+def test_stopping_the_fork_server_never_waits_forever():
+    """A process that still holds the server's "alive" pipe (a worker forked as an
+    interrupt lands) keeps the server from seeing it closed: stopping then kills it
+    after its patience instead of waiting on it for ever."""
+    from multiprocessing import forkserver
+
+    from ledgerlm.data import executor
+
+    forkserver.ensure_running()
+    server = executor._fork_server()
+    holder = os.fork()  # inherits the alive pipe's write end, and sleeps
+    if holder == 0:
+        time.sleep(60)
+        os._exit(0)
+    try:
+        start = time.monotonic()
+        executor._stop_fork_server(patience=0.5)
+        assert time.monotonic() - start < 5
+        assert executor._fork_server() is None
+        assert not psutil.pid_exists(server) or psutil.Process(server).status() == "zombie"
+    finally:
+        os.kill(holder, signal.SIGKILL)
+        os.waitpid(holder, 0)

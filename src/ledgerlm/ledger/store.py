@@ -23,6 +23,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 import secrets
 import sqlite3
 import time
@@ -219,6 +220,46 @@ class Ledger:
         if not self.path.stat().st_size:
             raise LedgerError(f"{self.path}: empty (0 bytes): no run was ever recorded in it")
         uri = f"{self.path.resolve().as_uri()}?mode=ro"
+        plain = self._open_plain_reader()
+        if plain is not None:
+            conn, found = plain
+        else:
+            conn, found = self._open_ro_reader(uri)
+        conn.execute("PRAGMA query_only=1")
+        if problem := _schema_problem(self.path, found):
+            conn.close()
+            raise LedgerError(problem)
+        if found is None or int(found) < SCHEMA_VERSION:
+            conn.close()
+            try:  # an older ledger: bring it up to date once, as any writer would
+                Ledger(self.path, patience=self.patience).close()
+            except LedgerError as exc:
+                raise LedgerError(
+                    f"schema_version {found} is older than this code's {SCHEMA_VERSION} and "
+                    f"bringing it up to date needs to write it: {exc}"
+                ) from None
+            return self._open_reader()
+        return conn
+
+    def _open_plain_reader(self) -> tuple[sqlite3.Connection, str | None] | None:
+        """Where the ledger and its folder can be written, a reader is an ordinary
+        connection that ``query_only`` keeps from writing: unlike a ``mode=ro`` one, its
+        close removes the shared-memory and log files SQLite makes for it, so reading
+        leaves the workspace as it was. ``None`` where that cannot be (a read-only mount,
+        a full disk): ``mode=ro`` then."""
+        if not (os.access(self.path, os.W_OK) and os.access(self.path.parent, os.W_OK)):
+            return None
+        self._conn = conn = self._connect(str(self.path))
+        try:
+            conn.execute("PRAGMA query_only=1")
+            return conn, self._schema_of(conn)
+        except LedgerError as exc:
+            conn.close()
+            if "not a ledger" in str(exc):
+                raise
+            return None
+
+    def _open_ro_reader(self, uri: str) -> tuple[sqlite3.Connection, str | None]:
         self._conn = conn = self._connect(uri, uri=True)
         try:
             found = self._schema_of(conn)
@@ -235,21 +276,7 @@ class Ledger:
                 ) from None
             self._conn = conn = self._connect(f"{uri}&immutable=1", uri=True)
             found = self._schema_of(conn)
-        conn.execute("PRAGMA query_only=1")
-        if problem := _schema_problem(self.path, found):
-            conn.close()
-            raise LedgerError(problem)
-        if found is None or int(found) < SCHEMA_VERSION:
-            conn.close()
-            try:  # an older ledger: bring it up to date once, as any writer would
-                Ledger(self.path, patience=self.patience).close()
-            except LedgerError as exc:
-                raise LedgerError(
-                    f"schema_version {found} is older than this code's {SCHEMA_VERSION} and "
-                    f"bringing it up to date needs to write it: {exc}"
-                ) from None
-            return self._open_reader()
-        return conn
+        return conn, found
 
     def _schema_of(self, conn: sqlite3.Connection) -> str | None:
         def read() -> str | None:

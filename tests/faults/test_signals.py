@@ -20,7 +20,13 @@ from pathlib import Path
 import pytest
 
 from cli_runner import TINY, ledgerlm
-from ledgerlm.lab.signals import exit_status, received, signals_as_interrupts, undisturbed
+from ledgerlm.lab.signals import (
+    ENDING,
+    exit_status,
+    received,
+    signals_as_interrupts,
+    undisturbed,
+)
 
 STEPS = 40
 
@@ -76,13 +82,26 @@ def test_sigterm_during_a_checkpoint_write_ends_the_run_as_ctrl_c_does(tmp_path)
     assert done["counters"]["optimizer_updates"] == STEPS
 
 
+@pytest.fixture
+def default_handlers():
+    """The handlers a fresh command starts with: an earlier test's library (a sink's, a
+    process group's) may have left its own in this process."""
+    found = {s: signal.getsignal(s) for s in ENDING}
+    for s in ENDING:
+        signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
+    yield
+    for s, handler in found.items():
+        if handler is not None:
+            signal.signal(s, handler)
+
+
 def _send(sig: signal.Signals) -> None:
     os.kill(os.getpid(), sig)
     time.sleep(0.5)  # the handler runs at the next bytecode; the sleep gives it one
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
-def test_each_ending_signal_raises_an_interrupt_naming_it(sig):
+def test_each_ending_signal_raises_an_interrupt_naming_it(sig, default_handlers):
     before = signal.getsignal(sig)
     with pytest.raises(KeyboardInterrupt) as caught, signals_as_interrupts():
         _send(sig)
@@ -95,7 +114,7 @@ def test_a_bare_ctrl_c_is_sigint():
     assert exit_status(KeyboardInterrupt()) == 130
 
 
-def test_an_ignored_signal_stays_ignored():
+def test_an_ignored_signal_stays_ignored(default_handlers):
     before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup leaves it
     try:
         with signals_as_interrupts():
@@ -105,7 +124,7 @@ def test_an_ignored_signal_stays_ignored():
         signal.signal(signal.SIGHUP, before)
 
 
-def test_a_signal_during_cleanup_does_not_cut_it_short():
+def test_a_signal_during_cleanup_does_not_cut_it_short(default_handlers):
     done, ended = [], None
     try:
         with signals_as_interrupts():

@@ -54,3 +54,15 @@ def ledgerlm_without(
     env = {**os.environ, "PYTHONPATH": str(folder), "COLUMNS": "200"}
     exe = Path(sys.executable).with_name("ledgerlm")
     return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600, env=env)
+
+
+def ledger_updates(ws: Path) -> int:
+    """Per-update rows a run in ``ws`` has written so far (0 before the ledger exists), as
+    a test watching a running command reads them."""
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"file:{ws / 'ledger.db'}?mode=ro", uri=True, timeout=0.5) as db:
+            return db.execute("SELECT COUNT(*) FROM steps").fetchone()[0]
+    except sqlite3.Error:
+        return 0

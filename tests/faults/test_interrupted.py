@@ -11,7 +11,6 @@ import json
 import os
 import random
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cli_runner import TINY, ledgerlm
+from cli_runner import TINY, ledger_updates, ledgerlm
 from ledgerlm.train.checkpoint import WEIGHTS
 
 STEPS = 30
@@ -36,15 +35,6 @@ SETS = [
 def _args(ws: Path, *extra: str) -> list[str]:
     sets = [x for o in [*SETS, *extra] for x in ("--set", o)]
     return [str(Path(sys.executable).with_name("ledgerlm")), "run", str(TINY), "-w", str(ws), *sets]
-
-
-def _updates(ws: Path) -> int:
-    """Per-update rows the run has written so far (0 before the ledger exists)."""
-    try:
-        with sqlite3.connect(f"file:{ws / 'ledger.db'}?mode=ro", uri=True, timeout=0.5) as db:
-            return db.execute("SELECT COUNT(*) FROM steps").fetchone()[0]
-    except sqlite3.Error:
-        return 0
 
 
 def _weights(ws: Path) -> dict[str, torch.Tensor]:
@@ -77,7 +67,7 @@ def test_killed_before_any_checkpoint_is_interrupted_and_restarts(uninterrupted,
     full_ws, expected = uninterrupted
     ws = tmp_path / "ws"
     proc = subprocess.Popen(_args(ws), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _kill(proc, lambda: _updates(ws) >= 3)
+    _kill(proc, lambda: ledger_updates(ws) >= 3)
 
     runs = json.loads(ledgerlm("ledger", "list", "-w", str(ws), "--json").stdout)
     (run,) = runs
@@ -128,7 +118,7 @@ def test_ten_random_kills_all_resume_bitwise(uninterrupted, tmp_path):
         _kill(
             proc,
             lambda ws=ws, a=after, c=inside: (
-                _updates(ws) >= a and (not c or _in_checkpoint_write(ws))
+                ledger_updates(ws) >= a and (not c or _in_checkpoint_write(ws))
             ),
         )
         if not (ws / "ledger.db").exists():

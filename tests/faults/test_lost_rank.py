@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cli_runner import TINY, ledgerlm
+from cli_runner import TINY, ledger_updates, ledgerlm
 
 MARGIN = 60.0  # seconds past the timeout for rank 0 to record the failure and exit (2 cores)
 
@@ -36,14 +35,6 @@ def _torchrun(ws: Path, logs: Path, timeout: int) -> subprocess.Popen:
     cmd += [x for s in sets for x in ("--set", s)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-
-
-def _updates(ws: Path) -> int:
-    try:
-        with sqlite3.connect(f"file:{ws / 'ledger.db'}?mode=ro", uri=True, timeout=0.5) as db:
-            return db.execute("SELECT COUNT(*) FROM steps").fetchone()[0]
-    except sqlite3.Error:
-        return 0
 
 
 def _ranks(launcher: subprocess.Popen) -> dict[int, psutil.Process]:
@@ -70,7 +61,7 @@ def _lose_rank_1(tmp_path: Path, how: signal.Signals, timeout: int) -> tuple[flo
     launcher = _torchrun(ws, logs, timeout)
     try:
         deadline = time.monotonic() + 300
-        while _updates(ws) < 3:
+        while ledger_updates(ws) < 3:
             assert launcher.poll() is None, "torchrun ended before training"
             assert time.monotonic() < deadline, "the ranks never trained"
             time.sleep(0.05)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_runner import TINY, ledgerlm
+from cli_runner import TINY, ledger_updates, ledgerlm
 from ledgerlm.lab.signals import (
     ENDING,
     exit_status,
@@ -29,14 +28,6 @@ from ledgerlm.lab.signals import (
 )
 
 STEPS = 40
-
-
-def _updates(ws: Path) -> int:
-    try:
-        with sqlite3.connect(f"file:{ws / 'ledger.db'}?mode=ro", uri=True, timeout=0.5) as db:
-            return db.execute("SELECT COUNT(*) FROM steps").fetchone()[0]
-    except sqlite3.Error:
-        return 0
 
 
 def _writing_second_checkpoint(ws: Path) -> bool:
@@ -56,7 +47,7 @@ def test_sigterm_during_a_checkpoint_write_ends_the_run_as_ctrl_c_does(tmp_path)
     cmd += [x for s in sets for x in ("--set", s)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
-    while not (_updates(ws) >= 3 and _writing_second_checkpoint(ws)) and proc.poll() is None:
+    while not (ledger_updates(ws) >= 3 and _writing_second_checkpoint(ws)) and proc.poll() is None:
         assert time.monotonic() < deadline, "the run never wrote a second checkpoint"
         time.sleep(0.001)
     assert proc.poll() is None, "the run ended before the signal"
@@ -151,7 +142,7 @@ def test_sigterm_to_torchrun_interrupts_every_rank(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + 300
-    while _updates(ws) < 5:
+    while ledger_updates(ws) < 5:
         assert proc.poll() is None and time.monotonic() < deadline, "the ranks never trained"
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)

@@ -214,3 +214,15 @@ def test_cgroup_room_is_the_tightest_limit_above_the_process(tmp_path):
     assert _cgroup_room(v1, "9:name=systemd:/\n4:memory:/job\n0::/\n") is None
     _group(v1 / "memory" / "job", str(512 * mib), 600 * mib, 0, v2=False)
     assert _cgroup_room(v1, "4:cpu,memory:/job\n") == 0  # over its limit: no room
+
+
+def test_the_measured_peak_is_the_step_process_own():
+    """A test runner grown large must not inflate the measurement: ``ru_maxrss`` of a
+    forked child holds the parent's peak; ``memory_step`` reads its own program's."""
+    big = bytearray(600 * 2**20)
+    big[::4096] = b"\x01" * len(big[::4096])  # resident, not only reserved
+    code = f"import sys; sys.path.insert(0, {str(STEP.parent)!r}); import memory_step; "
+    code += "print(memory_step._peak_rss())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(out.stdout) < len(big) / 2, out.stdout
+    del big

@@ -59,15 +59,35 @@ def test_token_shares_follow_the_weights_not_document_counts():
     stream = train_batches(
         store, PackConfig(seq_len=63), 8, seed=3, mixture=[Segment(None, weights)]
     )
+    domain_of: dict[int, int] = {}  # segment id of each document read -> its domain
     for _ in range(60):
-        next(stream)
+        b = next(stream)
+        m = b.loss_mask.numpy()  # a supervised target is of its input's document
+        segments, domains = b.doc_ids.numpy()[m], _input_domains(b)[m]
+        domain_of.update(zip(segments.tolist(), domains.tolist(), strict=True))
     consumed = np.asarray(stream.consumed, dtype=float)
     share = consumed / consumed.sum()
     # within a couple of the longest documents (200 tokens) of 60 x 8 x 63 = 30,240 tokens
     assert np.allclose(share, [0.5, 0.3, 0.2], atol=2 * 202 / consumed.sum())
-    # document counts are far from the token weights: math documents are short
-    docs_seen = stream.state_dict()["mix"]["orders"]
-    assert docs_seen  # the per-domain cursors are part of the state
+    # document counts are far from the token weights: drawn by tokens, a domain's
+    # documents come in proportion to its weight over its mean document length (BOS +
+    # ids + EOS: code 27.4, docs 105.7, math 10.35 tokens), so math, whose documents are
+    # short, gets 48% of the documents for its 20% of the tokens, docs 7% for 30%
+    read = np.bincount(list(domain_of.values()), minlength=3).astype(float)
+    packed, domain = store.docs["length"] + 2, store.docs["domain"]
+    mean_length = np.array([packed[domain == d].mean() for d in range(3)])
+    expected = np.array([0.5, 0.3, 0.2]) / mean_length
+    assert np.allclose(read / read.sum(), expected / expected.sum(), atol=0.01)
+    assert read[2] / read.sum() > 0.45 and read[1] / read.sum() < 0.1
+    # the per-domain cursors of the state count those documents: epochs x the domain's
+    # documents + the position in its epoch, and the document in progress (segment id
+    # state["segment"]) where it has given a supervised target yet
+    state = stream.state_dict()
+    per_epoch = np.bincount(domain, minlength=3)
+    orders = zip(state["mix"]["orders"], per_epoch, strict=True)
+    started = np.array([e * n + i for (e, i), n in orders])
+    started[state["mix"]["domain"]] += state["segment"] in domain_of
+    assert started.tolist() == read.tolist()
 
 
 def test_consumed_counts_every_input_token_once():
@@ -77,7 +97,11 @@ def test_consumed_counts_every_input_token_once():
     assert sum(stream.consumed) == sum(int(b.valid.sum()) for b in batches) == 20 * 4 * 31
 
 
-def test_a_domain_without_weight_is_never_sampled_and_visits_repeat_documents():
+def _visits_in_mixed_stream(batches: int) -> tuple[dict, list[int]]:
+    """Six 10-token documents, two per domain, document 1 of dedup weight 3, read one
+    12-token row (BOS + 10 ids + EOS) per batch with code and math weighted alike: the
+    mixture state after ``batches`` batches, and how many times each document was read,
+    told apart by its tokens."""
     rng = np.random.default_rng(2)
     domains = [0, 0, 1, 1, 2, 2]
     docs = [rng.integers(3, 99, size=10) for _ in domains]
@@ -86,14 +110,34 @@ def test_a_domain_without_weight_is_never_sampled_and_visits_repeat_documents():
     stream = train_batches(
         store, PackConfig(seq_len=11), 1, seed=0, mixture=[Segment(None, weights)]
     )
-    seen = []
-    for _ in range(40):
-        b = next(stream)
-        seen.extend(_input_domains(b).ravel().tolist())
-    assert 1 not in seen
-    # document 1 is visited three times per code epoch, document 0 once
-    mix = stream.state_dict()["mix"]
-    assert mix["orders"][0][0] >= 1  # code has been through at least one epoch of 4 visits
+    visits = [0] * len(docs)
+    for _ in range(batches):
+        row = next(stream)
+        tokens = np.append(row.input_ids.numpy().ravel(), row.targets.numpy().ravel()[-1])
+        # a row is one whole document: rows and documents are both 12 tokens long
+        assert tokens[0] == BOS and tokens[-1] == EOS
+        (doc,) = [i for i, d in enumerate(docs) if np.array_equal(tokens[1:-1], d)]
+        visits[doc] += 1
+    return stream.state_dict()["mix"], visits
+
+
+def test_a_domain_without_weight_is_never_sampled_and_visits_repeat_documents():
+    # 40 documents read, 20 per weighted domain (every document is 12 tokens). A code
+    # epoch is 4 visits (document 0 once, document 1 three times): 5 epochs. A math epoch
+    # is 2 visits (documents 4 and 5 once each): 10 epochs. Docs (weight 0) is never read.
+    mix, visits = _visits_in_mixed_stream(40)
+    assert visits == [5, 15, 0, 0, 10, 10]
+    assert mix["orders"] == [[5, 0], [0, 0], [10, 0]]  # every epoch ended, none begun
+
+
+def test_visit_counts_without_dedup_weights_would_fail_the_check(monkeypatch):
+    """Mutation check: a mixed stream that reads each document once per epoch, its dedup
+    weight dropped, gives document 1 10 visits (10 code epochs), not 15."""
+    import ledgerlm.tokens.loader as loader
+
+    monkeypatch.setattr(loader, "_visits", lambda weights: np.ones(len(weights), np.int64))
+    mix, visits = _visits_in_mixed_stream(40)
+    assert visits == [10, 10, 0, 0, 10, 10] and mix["orders"][0] == [10, 0]
 
 
 def test_stages_switch_at_their_boundary():

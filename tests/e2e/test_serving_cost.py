@@ -7,9 +7,16 @@ import json
 
 import numpy as np
 import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
 
 from cli_runner import TINY, ledgerlm
+from ledgerlm.config import ModelConfig
 from ledgerlm.lab.serving import read_serving_cost
+from ledgerlm.model.decode import Decoder
+from ledgerlm.model.gpt import GPT, RMSNorm
+from ledgerlm.scaling.allocate import lifecycle_optimal
 from ledgerlm.scaling.law import LawParams
 
 SHAPE = "d_model=32,n_layers=2,n_heads=2,vocab=64"
@@ -33,6 +40,29 @@ def law_csv(tmp_path):
     return path
 
 
+def _counted(context: int, batch: int = 2) -> tuple[int, float, float]:
+    """(N, matmul, attention) FLOPs per token of the SHAPE model, counted without the
+    code under test: N from the model's own parameter tensors (blocks, final norm,
+    head); the FLOPs by torch's ``FlopCounterMode`` over one real cached decode step
+    that attends ``context`` positions (a prefill of ``context - 1``), with the math
+    attention kernel so QK^T and AV run as counted ``bmm``s."""
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(d_model=32, n_layers=2, n_heads=2), 64).eval()
+    n = sum(p.numel() for p in model.blocks.parameters())
+    n += sum(p.numel() for p in model.norm.parameters()) + model.lm_head.weight.numel()
+    decoder = Decoder(model, context)
+    token = decoder(torch.randint(0, 64, (batch, context - 1)))[:, -1].argmax(-1, keepdim=True)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        decoder(token)
+    counts = {str(op): f for op, f in counter.get_flop_counts()["Global"].items()}
+    assert set(counts) == {"aten.mm", "aten.bmm"}
+    # the convention's 2N also counts each norm weight once as a multiply-add
+    norms = sum(
+        p.numel() for m in model.modules() if isinstance(m, RMSNorm) for p in m.parameters()
+    )
+    return n, counts["aten.mm"] / batch + 2 * norms, counts["aten.bmm"] / batch
+
+
 def test_serving_cost_of_a_stated_shape(tmp_path):
     out_file = tmp_path / "serving.json"
     shown = ledgerlm("scale", "serving-cost", "--model-shape", SHAPE, "--batch", "2",
@@ -44,20 +74,20 @@ def test_serving_cost_of_a_stated_shape(tmp_path):
     long = _cost("--model-shape", SHAPE, "--batch", "2", "--context", "40")
     assert short["schema"] == "ledgerlm.serving_cost" and short["schema_version"] == 1
     assert short["source"] == "shape" and short["batch"] == 2 and short["context"] == 8
-    assert short["model"]["N"] == long["model"]["N"] > 0
-    n = short["model"]["N"]
     for r in (short, long):
+        n, matmul, attention = _counted(r["context"])
+        assert r["model"]["N"] == n
+        assert r["flops_per_token"]["matmul"] == matmul
+        assert r["flops_per_token"]["attention"] == attention
+        assert r["flops_per_token"]["total"] == matmul + attention
+        assert r["analytic_flops_per_param"] == pytest.approx((matmul + attention) / n)
+        assert r["analytic_flops_per_param"] > 2  # the context costs on top of 2N
         assert r["seconds_per_token"] > 0 and r["train_seconds_per_token"] > 0
         assert r["tokens_per_s"] == pytest.approx(2 / r["step_seconds"])
-        assert r["flops_per_token"]["matmul"] == 2 * n
-        assert r["analytic_flops_per_param"] == pytest.approx(r["flops_per_token"]["total"] / n)
-        assert r["analytic_flops_per_param"] > 2 and r["effective_flops_per_param"] > 0
         assert r["effective_flops_per_param"] == pytest.approx(
             6 * r["seconds_per_token"] / r["train_seconds_per_token"]
         )
-    # the context adds exactly the attention term: 4 n_layers d per position
-    grown = long["flops_per_token"]["total"] - short["flops_per_token"]["total"]
-    assert grown == 4 * 2 * 32 * (40 - 8)
+    assert long["flops_per_token"]["attention"] > short["flops_per_token"]["attention"]
     # what `scale recommend --serving` reads from the file
     kappa, about = read_serving_cost(out_file)
     assert kappa == short["effective_flops_per_param"] and about["kind"] == "measured"
@@ -85,8 +115,28 @@ def test_recommend_charges_the_measured_serving_cost(tmp_path, law_csv):
     _serving_file(served, 12.5)
     args = ("scale", "recommend", "--csv", str(law_csv), "--budget", "1e20",
             "--requests", "0,1e9", "--bootstrap", "0")  # fmt: skip
-    life = json.loads(ledgerlm(*args, "--serving", str(served), "--json").stdout)["lifecycle"]
+    out = json.loads(ledgerlm(*args, "--serving", str(served), "--json").stdout)
+    life = out["lifecycle"]
     assert life["inference_kappa"] == 12.5
+    # the R = 1e9 row is the allocation at the measured 12.5 N FLOPs a served token, not
+    # at the default 2: the lifecycle optimum of the fitted law, called here directly
+    law = LawParams(**out["fit"]["params"])
+    served_row = life["rows"][1]
+    plan = {k: lifecycle_optimal(law, requests=1e9, tokens_per_request=1000.0, budget=1e20,
+                                 inference_kappa=k) for k in (12.5, 2.0)}  # fmt: skip
+    assert served_row["R"] == 1e9
+    assert served_row["N"] == pytest.approx(plan[12.5].N, rel=1e-9)
+    assert served_row["D"] == pytest.approx(plan[12.5].D, rel=1e-9)
+    assert plan[2.0].N > 5 * plan[12.5].N  # the default's answer is far from it
+    # and by arithmetic: the row spends the budget at 12.5 N FLOPs a served token ...
+    n, d = served_row["N"], served_row["D"]
+    assert served_row["C_inference_total"] == pytest.approx(1e9 * 1000 * 12.5 * n, rel=1e-9)
+    assert 6 * n * d + 1e9 * 1000 * 12.5 * n == pytest.approx(1e20, rel=1e-9)
+    # ... where the marginal returns balance along that budget line (allocate's S4 doc)
+    lhs = law.alpha * law.A * n**-law.alpha
+    assert lhs == pytest.approx(law.beta * law.B * d**-law.beta * 1e20 / (6 * n * d), rel=1e-6)
+    # with no requests the row is the S3 optimum, which no serving cost moves
+    assert life["rows"][0]["N"] == pytest.approx(out["N_opt"]["point"], rel=1e-12)
     assert life["serving"]["kind"] == "measured" and life["serving"]["context"] == 256
     stated = json.loads(ledgerlm(*args, "--serving-flops-per-param", "12.5", "--json").stdout)
     assert stated["lifecycle"]["serving"]["kind"] == "stated"

@@ -54,11 +54,19 @@ def test_an_empty_pool_asked_for_tokens_is_infinite_exposure():
     weights=st.lists(st.floats(0.01, 1.0), min_size=2, max_size=6),
     budget=st.integers(1, 10**12),
 )
-def test_expected_tokens_add_up_to_the_budget(weights, budget):
+def test_expected_tokens_add_up_to_the_budget_and_follow_the_weights(weights, budget):
     total = sum(weights)
     mix = {f"d{i}": w / total for i, w in enumerate(weights)}
-    plan = plan_mixture({d: 1000 for d in mix}, mix, budget)
+    pools = {d: 1000 * (i + 1) for i, d in enumerate(mix)}
+    plan = plan_mixture(pools, mix, budget)
     assert sum(d.expected_tokens for d in plan.domains) == pytest.approx(budget, rel=1e-9)
+    # and each domain gets its own share: p_i D tokens, p_i D / S_i epochs
+    by = {d.domain: d for d in plan.domains}
+    assert sorted(by) == sorted(mix)
+    for name, w in mix.items():
+        assert by[name].expected_tokens == pytest.approx(w * budget, rel=1e-9)
+        assert by[name].weight == pytest.approx(w, rel=1e-9)
+        assert by[name].exposure == pytest.approx(w * budget / pools[name], rel=1e-9)
 
 
 def test_a_staged_mixture_is_resolved_and_planned_per_segment():

@@ -55,6 +55,21 @@ def test_with_unequal_exponents_compute_growth_is_not_split_alike(c):
     assert n / 16.734 < math.sqrt(c) < d / 15.298
 
 
+def test_an_allocation_growing_n_and_d_alike_fails_the_seed_s_growth(monkeypatch):
+    # the check above is not vacuous: compute_optimal splitting every budget sqrt/sqrt
+    # (right at C = 256 by construction, wrong growth) fails it
+    import ledgerlm.scaling.allocate as allocate
+
+    def alike(A, B, alpha, beta, C, kappa):
+        budget = C / kappa
+        n = 16.734 * (budget / 256.0) ** 0.5
+        return n, budget / n
+
+    monkeypatch.setattr(allocate, "_optimum", alike)
+    with pytest.raises(AssertionError):
+        test_with_unequal_exponents_compute_growth_is_not_split_alike(4.0)
+
+
 # seed 003, 6.1.1: n = N/N0, d = D/D0 with n d = 1, alpha = gamma = 1, both coefficients 1,
 # no constant floor: model term 1/n, data term 1/d = n, total 1/n + n
 UNIT_LAW = LawParams(E=0.0, A=1.0, B=1.0, alpha=1.0, beta=1.0)

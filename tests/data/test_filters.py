@@ -52,7 +52,7 @@ def test_every_filter_keeps_a_normal_english_paragraph():
     for f in filters:
         assert isinstance(f, Filter)
         assert f.check(doc(PARAGRAPH)) is None, f.name
-        json.dumps(f.params())
+        json.dumps(f.params(), allow_nan=False)
 
 
 def test_script_filter_only_when_scripts_are_configured():
@@ -240,8 +240,8 @@ def test_group_stats_totals_equal_rows_and_conserve_documents(docs):
     stats, kept = _run(docs, FILTERS)
     rows = stats.rows()
     totals = stats.totals()
-    json.dumps(rows)
-    json.dumps(totals)
+    json.dumps(rows, allow_nan=False)
+    json.dumps(totals, allow_nan=False)
     for step, t in totals.items():
         mine = [r for r in rows if r["step"] == step]
         for name in ("docs_seen", "docs_dropped", "chars_seen", "chars_dropped"):

@@ -105,7 +105,7 @@ def test_banner_and_footer_are_removed_from_every_document_of_the_source():
         assert after is before and lines == 0
 
     stats = remover.stats.to_dict()
-    json.dumps(stats)
+    json.dumps(stats, allow_nan=False)  # strict JSON: a NaN or an infinity raises
     assert stats["web"]["docs_seen"] == 32
     assert stats["web"]["docs_excluded"] == 12
     assert stats["web"]["docs_touched"] == 20

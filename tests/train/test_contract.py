@@ -10,6 +10,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from finite import assert_finite
 from ledgerlm.config import EvalConfig, ModelConfig, TrainConfig
 from ledgerlm.lab.recorder import LedgerRecorder
 from ledgerlm.ledger.store import Ledger
@@ -147,4 +148,5 @@ def test_asynchronous_evaluation_scores_the_same_snapshots(tmp_path):
             assert phase["detail"]["eval_wall_seconds"] > 0
             assert phase["detail"]["eval_compute_seconds"] > 0
     assert sum(bool(p["detail"].get("asynchronous")) for p in evals.values()) >= 3
-    assert json.dumps(summary)
+    assert_finite(summary)
+    json.dumps(summary, allow_nan=False)  # strict JSON: a NaN or an infinity raises

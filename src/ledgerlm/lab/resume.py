@@ -44,7 +44,7 @@ from ledgerlm.ledger.store import Ledger, LedgerError
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.tokens.shards import TokenStore
 from ledgerlm.train.checkpoint import STATE, resolve_checkpoint
-from ledgerlm.train.distributed import World
+from ledgerlm.train.distributed import World, one_process
 from ledgerlm.train.resume import ResumedEval
 from ledgerlm.workspace import BuiltVersion, Workspace
 
@@ -73,7 +73,7 @@ def resume_run(
     ``ResumedEval``). ``callbacks`` are added to the trainer's (one process only).
     """
     progress = progress or NullProgress()
-    world = world or World()
+    world = world or one_process()
     if not world.is_main:
         return follow(None, workspace, world)
     handoff = Handoff(world)

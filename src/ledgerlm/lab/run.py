@@ -52,7 +52,7 @@ from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.shards import TokenStore, build_tokens
 from ledgerlm.tokens.tokenizer import tokenizer_file
 from ledgerlm.train.checkpoint import load_checkpoint
-from ledgerlm.train.distributed import PeerLostError, World, watching_peers
+from ledgerlm.train.distributed import PeerLostError, World, one_process, watching_peers
 from ledgerlm.train.evaluate import EvalCallback, evaluate, unigram_entropy, weights_digest
 from ledgerlm.train.loop import Trainer
 from ledgerlm.train.memory import check_memory
@@ -403,7 +403,7 @@ def run_recipe(
     versions are checked against their manifests; ``verify=False`` skips the content
     hashes (sizes, counts and token ids are still checked)."""
     progress = progress or NullProgress()
-    world = world or World()
+    world = world or one_process()
     if not world.is_main:
         return follow(recipe, workspace, world)
     handoff = Handoff(world)

@@ -211,6 +211,20 @@ def init_world() -> World:
     return World(dist.get_rank(), dist.get_world_size(), local_rank)
 
 
+def one_process() -> World:
+    """The world of a caller that trains in one process (a search's proxy runs, a sweep's
+    points, a library call given no world). Under torchrun every rank would run all of
+    it on the same workspace, racing the others for its runs: refused."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size > 1:
+        raise ValueError(
+            f"torchrun started {size} processes, but this command trains in one (each "
+            "would run all of it on the same workspace): run it without torchrun; "
+            "ledgerlm run, train and resume train on several ranks"
+        )
+    return World()
+
+
 def shutdown_world(world: World) -> None:
     if world.distributed and dist.is_initialized():
         dist.destroy_process_group()

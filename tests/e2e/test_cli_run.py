@@ -14,7 +14,7 @@ from ledgerlm.ledger.store import Ledger
 from .conftest import ROOT, TINY, ledgerlm
 
 
-def _show(ws, run="latest"):
+def _show(ws, run):
     return json.loads(ledgerlm("ledger", "show", run, "--json", "-w", str(ws)).stdout)
 
 
@@ -26,12 +26,12 @@ def test_run_prints_the_summary_and_reaches_the_target(tiny_workspace):
     assert "unigram entropy" in out
 
 
-def test_phases_cover_the_wall_time_of_the_run(tiny_workspace):
+def test_phases_cover_the_wall_time_of_the_run(tiny_workspace, tiny_run_id):
     """From the command's start to the end of its last phase, every second is in a phase:
     the start-up before the run existed (interpreter, imports) is a ``startup`` phase,
     then from the run's creation on ``setup`` and the rest; time-to-target is the wall
     time until the confirmation, start-up included."""
-    s = _show(tiny_workspace)
+    s = _show(tiny_workspace, tiny_run_id)
     c = s["coverage"]
     assert c["wall_seconds"] > 1.0
     assert c["uncovered_seconds"] < min(0.2, 0.01 * c["wall_seconds"])
@@ -58,8 +58,8 @@ def test_ledger_show_names_time_between_phases(tmp_path):
     assert json.loads(shown)["coverage"]["uncovered_seconds"] == pytest.approx(0.5, abs=0.01)
 
 
-def test_ledger_show_json_reports_everything_from_the_database(tiny_workspace):
-    s = _show(tiny_workspace)
+def test_ledger_show_json_reports_everything_from_the_database(tiny_workspace, tiny_run_id):
+    s = _show(tiny_workspace, tiny_run_id)
     assert s["run"]["status"] == "reached"
     kinds = {p["kind"] for p in s["phases"]}
     assert kinds == {"startup", "setup", "prep", "tokenize", "train", "eval", "checkpoint"}
@@ -84,11 +84,13 @@ def test_ledger_show_json_reports_everything_from_the_database(tiny_workspace):
     assert s["run"]["target_value"] < contract["val_unigram_entropy"]
 
 
-def test_rerun_reuses_data_and_token_versions(tiny_workspace):
-    first = _show(tiny_workspace)
-    ledgerlm("run", str(TINY), "-w", str(tiny_workspace))
-    second = _show(tiny_workspace)
-    assert second["run"]["id"] != first["run"]["id"]
+def test_rerun_reuses_data_and_token_versions(tiny_workspace_copy, tiny_run_id):
+    ws = tiny_workspace_copy
+    first = _show(ws, tiny_run_id)
+    ledgerlm("run", str(TINY), "-w", str(ws))
+    listed = json.loads(ledgerlm("ledger", "list", "-w", str(ws), "--json").stdout)
+    (again,) = {r["id"] for r in listed} - {tiny_run_id}
+    second = _show(ws, again)
     assert second["run"]["data_version"] == first["run"]["data_version"]
     assert second["run"]["tokens_version"] == first["run"]["tokens_version"]
     reused = {
@@ -97,14 +99,12 @@ def test_rerun_reuses_data_and_token_versions(tiny_workspace):
         if p["kind"] in ("prep", "tokenize")
     }
     assert reused == {"prep": True, "tokenize": True}
-    assert len(list((tiny_workspace / "data").iterdir())) == 1
-    assert len(list((tiny_workspace / "tokens").iterdir())) == 1
+    assert len(list((ws / "data").iterdir())) == 1
+    assert len(list((ws / "tokens").iterdir())) == 1
     # same data, same seed: the same evaluations
     assert [e["metrics"] for e in second["evaluations"]] == [
         e["metrics"] for e in first["evaluations"]
     ]
-    listed = ledgerlm("ledger", "list", "-w", str(tiny_workspace), "--json").stdout
-    assert {r["id"] for r in json.loads(listed)} >= {first["run"]["id"], second["run"]["id"]}
 
 
 def test_a_target_that_is_never_met_is_not_reached(tmp_path):
@@ -119,7 +119,7 @@ def test_a_target_that_is_never_met_is_not_reached(tmp_path):
         "train.max_steps=20",
     )
     assert "target NOT reached" in proc.stdout
-    s = _show(tmp_path)
+    s = _show(tmp_path, "latest")  # the one run in its own workspace
     assert s["run"]["status"] == "not reached"
     assert s["time_to_target"] == {**s["time_to_target"], "reached": False, "seconds": None}
 
@@ -203,8 +203,8 @@ def test_every_command_has_help():
         assert result.exit_code == 0 and "Usage" in result.output, args
 
 
-def test_run_stores_the_resolved_recipe(tiny_workspace):
-    s = _show(tiny_workspace)
+def test_run_stores_the_resolved_recipe(tiny_workspace, tiny_run_id):
+    s = _show(tiny_workspace, tiny_run_id)
     stored = (tiny_workspace / "runs" / s["run"]["id"] / "recipe.toml").read_text()
     assert 'name = "tiny"' in stored and "rope_theta" in stored
     assert s["run"]["recipe"]["model"]["d_model"] == 64
@@ -254,7 +254,7 @@ def test_data_prepare_on_jsonl_shows_funnel_groups_clusters_and_drops(tmp_path):
 
 
 def test_export_hf_loads_in_transformers_and_refuses_to_overwrite(
-    tiny_workspace, tmp_path, monkeypatch
+    tiny_workspace, tiny_run_id, tmp_path, monkeypatch
 ):
     transformers = pytest.importorskip("transformers")
     from tokenizers import Tokenizer
@@ -262,11 +262,11 @@ def test_export_hf_loads_in_transformers_and_refuses_to_overwrite(
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert "Usage" in ledgerlm("export", "hf", "--help").stdout
     out = tmp_path / "hf"
-    ledgerlm("export", "hf", "latest", str(out), "-w", str(tiny_workspace))
+    ledgerlm("export", "hf", tiny_run_id, str(out), "-w", str(tiny_workspace))
     model = transformers.LlamaForCausalLM.from_pretrained(out, local_files_only=True)
     assert model.config.vocab_size == 512 and model.config.hidden_size == 64
     tok = transformers.PreTrainedTokenizerFast.from_pretrained(out, local_files_only=True)
-    version = _show(tiny_workspace)["run"]["tokens_version"]
+    version = _show(tiny_workspace, tiny_run_id)["run"]["tokens_version"]
     ours = Tokenizer.from_file(str(tiny_workspace / "tokens" / version / "tokenizer.json"))
     text = "def add(a, b):\n    return a + b  # ünïcode"
     # BOS first, as every document was packed in training; then the training encoding
@@ -277,7 +277,7 @@ def test_export_hf_loads_in_transformers_and_refuses_to_overwrite(
         model.config.pad_token_id,
     )
 
-    again = ledgerlm("export", "hf", "latest", str(out), "-w", str(tiny_workspace), check=False)
+    again = ledgerlm("export", "hf", tiny_run_id, str(out), "-w", str(tiny_workspace), check=False)
     assert again.returncode == 2
     lines = again.stderr.strip().splitlines()
     assert len(lines) == 1 and "not empty" in lines[0] and "--force" in lines[0]

@@ -3,22 +3,31 @@ ledger's verdict applies the same confirmation rule that stopped the run."""
 
 import itertools
 import json
+from pathlib import Path
+
+from ledgerlm.ledger.store import Ledger
 
 from .conftest import TINY, ledgerlm
 
 
-def _show(ws):
-    return json.loads(ledgerlm("ledger", "show", "latest", "--json", "-w", str(ws)).stdout)
+def _show(ws, run):
+    return json.loads(ledgerlm("ledger", "show", run, "--json", "-w", str(ws)).stdout)
 
 
-def test_domain_metric_with_two_confirming_evaluations(tiny_workspace):
-    ws = str(tiny_workspace)
+def _ids(ws) -> set[str]:
+    with Ledger(Path(ws) / "ledger.db", read_only=True) as ledger:
+        return {r["id"] for r in ledger.list_runs()}
+
+
+def test_domain_metric_with_two_confirming_evaluations(tiny_workspace_copy, tiny_run_id):
+    ws = str(tiny_workspace_copy)  # its data and tokens versions, and a run of its own
     contract = ["--set", "eval.metric=loss/math", "--set", "eval.confirm=2"]
     contract += ["--set", "eval.target_loss=4.5", "--set", "eval.every_steps=10"]
     contract += ["--set", "eval.budget_tokens=400000"]
     proc = ledgerlm("run", str(TINY), "-w", ws, *contract)
     assert "at 2 consecutive evaluations" in proc.stdout and "budget 400,000 tokens" in proc.stdout
-    s = _show(ws)
+    (run,) = _ids(ws) - {tiny_run_id}
+    s = _show(ws, run)
     events = {e["kind"]: e for e in s["events"]}
     stored = json.loads(events["target_contract"]["message"])
     assert stored["metric"] == "loss/math" and stored["confirm"] == 2
@@ -49,7 +58,7 @@ def test_a_test_split_is_scored_once_and_is_the_final_figure(tmp_path):
     ledgerlm("run", str(TINY), "-w", ws, *args, "--set", "train.seed=1")
     runs = json.loads(ledgerlm("ledger", "list", "--json", "-w", ws).stdout)
     a, b = (r["id"] for r in reversed(runs))
-    s = _show(tmp_path)
+    s = _show(tmp_path, b)
     tests = [e for e in s["events"] if e["kind"] == "test_evaluation"]
     assert len(tests) == 1  # once
     found = json.loads(tests[0]["message"])

@@ -19,18 +19,20 @@ def _one_line_naming(proc, extra: str) -> None:
     assert f"pip install 'ledgerlm[{extra}]'" in proc.stderr
 
 
-def test_export_hf_without_transformers(tiny_workspace, tmp_path):
+def test_export_hf_without_transformers(tiny_workspace, tiny_run_id, tmp_path):
     out = tmp_path / "hf"
+    ws = str(tiny_workspace)
     proc = ledgerlm_without(
-        ("transformers",), tmp_path, "export", "hf", "latest", str(out), "-w", str(tiny_workspace)
+        ("transformers",), tmp_path, "export", "hf", tiny_run_id, str(out), "-w", ws
     )
     _one_line_naming(proc, "hf")
     assert not out.exists()
 
 
-def test_executor_ray_without_ray(tiny_workspace, tmp_path):
-    before = _runs(tiny_workspace)
-    ws = str(tiny_workspace)
+def test_executor_ray_without_ray(tiny_workspace_copy, tmp_path):
+    """On a copy: were the check to come after the work, the work would land in it."""
+    before = _runs(tiny_workspace_copy)
+    ws = str(tiny_workspace_copy)
     proc = ledgerlm_without(
         ("ray",), tmp_path, "data", "prepare", str(TINY), "--executor", "ray", "-w", ws
     )
@@ -39,5 +41,5 @@ def test_executor_ray_without_ray(tiny_workspace, tmp_path):
         ("ray",), tmp_path, "run", str(TINY), "--set", 'data.executor="ray"', "-w", ws
     )
     _one_line_naming(proc, "ray")
-    assert _runs(tiny_workspace) == before
-    assert not list((tiny_workspace / "data").glob(".building-*"))
+    assert _runs(tiny_workspace_copy) == before
+    assert not list((tiny_workspace_copy / "data").glob(".building-*"))

@@ -21,22 +21,46 @@ from .conftest import TINY, ledgerlm
 PROXY = ["--proxy", "model.n_layers=1", "--proxy", "train.max_steps=6", "--proxy",
          "eval.every_steps=3"]  # fmt: skip
 SHORT = ["--set", "train.max_steps=12", "--set", "eval.every_steps=6"]
+MIX = "data.mixture.weights={code=0.2,docs=0.3,math=0.5}"
 
 
 @pytest.fixture(scope="module")
-def ws(tiny_workspace, tmp_path_factory):
-    """The tiny run's data and token versions, in a workspace of this module's own."""
+def ws(tiny_run, tmp_path_factory):
+    """The tiny run's data and token versions, in a workspace of this module's own (its
+    tests add runs to it, so each reads back the runs it made by their ids)."""
     root = tmp_path_factory.mktemp("mix") / "ws"
     for kind in ("data", "tokens"):
-        shutil.copytree(tiny_workspace / kind, root / kind)
+        shutil.copytree(tiny_run.ws / kind, root / kind)
     return root
 
 
-def _show(ws, run="latest"):
+def _show(ws, run):
     """A run's summary read in process (each CLI call costs a few seconds of start-up)."""
     with Ledger(ws / "ledger.db") as ledger:
         summary = ledger.run_summary(ledger.resolve_run(run))
     return {**summary, "mixture": realised(summary)}
+
+
+def _ids(ws) -> set[str]:
+    if not (ws / "ledger.db").exists():
+        return set()
+    with Ledger(ws / "ledger.db", read_only=True) as ledger:
+        return {r["id"] for r in ledger.list_runs()}
+
+
+def _run(ws, *args: str) -> tuple[str, str]:
+    """``ledgerlm run`` of the tiny recipe in ``ws``: the id of the run it added, and
+    what it printed."""
+    before = _ids(ws)
+    proc = ledgerlm("run", str(TINY), "-w", str(ws), *args)
+    (run,) = _ids(ws) - before
+    return run, proc.stdout
+
+
+@pytest.fixture(scope="module")
+def mixed(ws) -> tuple[str, str]:
+    """A run of the mixture code 0.2, docs 0.3, math 0.5: its id and what it printed."""
+    return _run(ws, "--set", MIX, *SHORT)
 
 
 def test_plan_of_the_natural_mixture(ws):
@@ -51,12 +75,11 @@ def test_plan_of_the_natural_mixture(ws):
         assert d["exposure"] == pytest.approx(d["weight"] * out["budget_tokens"] / d["pool"])
 
 
-def test_a_mixed_run_records_the_tokens_it_consumed_per_domain(ws):
-    mix = "data.mixture.weights={code=0.2,docs=0.3,math=0.5}"
-    proc = ledgerlm("run", str(TINY), "-w", str(ws), "--set", mix, *SHORT)
-    assert "mixture plan for 12,288 training tokens" in proc.stdout
-    assert "mixture: configured and consumed" in proc.stdout
-    s = json.loads(ledgerlm("ledger", "show", "latest", "-w", str(ws), "--json").stdout)
+def test_a_mixed_run_records_the_tokens_it_consumed_per_domain(ws, mixed):
+    run, printed = mixed
+    assert "mixture plan for 12,288 training tokens" in printed
+    assert "mixture: configured and consumed" in printed
+    s = json.loads(ledgerlm("ledger", "show", run, "-w", str(ws), "--json").stdout)
     rows = {r["domain"]: r for r in s["mixture"]}
     assert sum(r["tokens"] for r in rows.values()) == s["counters"]["tokens"] == 12 * 16 * 64
     for domain, weight in (("code", 0.2), ("docs", 0.3), ("math", 0.5)):
@@ -95,8 +118,8 @@ def test_search_then_a_run_charged_for_it(ws):
     use = f"data.mixture.from_search={record['search_id'][:-2]}"  # a unique prefix
     planned = plan_recipe(load_recipe(TINY, [use]), Workspace(ws))
     assert {d.domain: d.weight for d in planned.domains} == pytest.approx(record["recommended"])
-    ledgerlm("run", str(TINY), "-w", str(ws), "--set", use, *SHORT)
-    s = _show(ws)
+    charged, _ = _run(ws, "--set", use, *SHORT)
+    s = _show(ws, charged)
     (search,) = [p for p in s["phases"] if p["kind"] == "search"]
     assert search["seconds"] == pytest.approx(record["seconds"])
     assert s["run"]["recipe"]["data"]["mixture"]["from_search"] == record["search_id"]
@@ -124,20 +147,16 @@ def test_verify_runs_the_found_and_the_baseline_mixture(ws, tmp_path):
     )
 
 
-def test_report_and_data_inspect_show_the_consumed_tokens(ws, tmp_path):
-    with Ledger(ws / "ledger.db") as ledger:
-        recipes = {
-            r["id"]: ledger.run_summary(r["id"])["run"]["recipe"] for r in ledger.list_runs()
-        }
-    mixed = next(i for i, r in recipes.items() if r["data"]["mixture"]["weights"] != "natural")
+def test_report_and_data_inspect_show_the_consumed_tokens(ws, mixed, tmp_path):
+    run, _ = mixed
     page = tmp_path / "r.html"
-    ledgerlm("report", mixed, "-w", str(ws), "-o", str(page))
+    ledgerlm("report", run, "-w", str(ws), "-o", str(page))
     html = page.read_text()
     assert "Mixture: configured and consumed" in html and "math" in html
-    s = _show(ws, mixed)
+    s = _show(ws, run)
     version = s["run"]["data_version"]
     out = json.loads(ledgerlm("data", "inspect", version, "-w", str(ws), "--json").stdout)
-    (row,) = [r for r in out["consumed_by_runs"] if r["run"] == mixed]
+    (row,) = [r for r in out["consumed_by_runs"] if r["run"] == run]
     assert {d["domain"]: d["tokens"] for d in row["domains"]} == {
         d: int(s["counters"][f"tokens/{d}"]) for d in ("code", "docs", "math")
     }

@@ -57,14 +57,16 @@ def _kill(proc: subprocess.Popen, until, timeout: float = 300) -> None:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> tuple[Path, dict[str, torch.Tensor]]:
+def uninterrupted(tmp_path_factory) -> tuple[Path, str, dict[str, torch.Tensor]]:
+    """The run never killed: its workspace, its run id and its final weights."""
     ws = tmp_path_factory.mktemp("full") / "ws"
     subprocess.run(_args(ws), check=True, capture_output=True, timeout=600)
-    return ws, _weights(ws)
+    (run_dir,) = (ws / "runs").iterdir()
+    return ws, run_dir.name, _weights(ws)
 
 
 def test_killed_before_any_checkpoint_is_interrupted_and_restarts(uninterrupted, tmp_path):
-    full_ws, expected = uninterrupted
+    full_ws, full_run, expected = uninterrupted
     ws = tmp_path / "ws"
     proc = subprocess.Popen(_args(ws), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _kill(proc, lambda: ledger_updates(ws) >= 3)
@@ -83,7 +85,7 @@ def test_killed_before_any_checkpoint_is_interrupted_and_restarts(uninterrupted,
     ledgerlm("resume", run["id"], "-w", str(ws), "--restart")
     assert _same(_weights(ws), expected)
     s = json.loads(ledgerlm("ledger", "show", run["id"], "-w", str(ws), "--json").stdout)
-    full = json.loads(ledgerlm("ledger", "show", "latest", "-w", str(full_ws), "--json").stdout)
+    full = json.loads(ledgerlm("ledger", "show", full_run, "-w", str(full_ws), "--json").stdout)
     assert s["run"]["status"] == "not reached"
     assert [e["snapshot"] for e in s["evaluations"]] == [e["snapshot"] for e in full["evaluations"]]
     assert s["counters"] == full["counters"]
@@ -103,7 +105,7 @@ def test_ten_random_kills_all_resume_bitwise(uninterrupted, tmp_path):
     """Kill at 10 random points: after a random number of updates, half of them while a
     checkpoint is being written; resume (or restart, before the first checkpoint) gives
     the uninterrupted run's weights every time."""
-    _, expected = uninterrupted
+    _, _, expected = uninterrupted
     rng = random.Random()
     outcomes = []
     for i in range(10):

@@ -349,7 +349,16 @@ def workspace(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("mllog-ws")
 
 
+def _ids(ws: Path) -> set[str]:
+    if not (ws / "ledger.db").exists():
+        return set()
+    with Ledger(ws / "ledger.db", read_only=True) as led:
+        return {r["id"] for r in led.list_runs()}
+
+
 def _tiny(ws: Path, target: float) -> str:
+    """A 10-update run in ``ws`` (two fixtures share it): the id of the run it added."""
+    before = _ids(ws)
     ledgerlm(
         "run",
         str(TINY),
@@ -362,8 +371,8 @@ def _tiny(ws: Path, target: float) -> str:
         "--set",
         f"eval.target_loss={target}",
     )
-    with Ledger(ws / "ledger.db") as led:
-        return led.list_runs()[0]["id"]
+    (run,) = _ids(ws) - before
+    return run
 
 
 @pytest.fixture(scope="module")

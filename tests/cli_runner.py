@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.toml"
@@ -26,6 +29,17 @@ def ledgerlm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     if check and proc.returncode != 0:
         raise AssertionError(f"ledgerlm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def without_dac_override() -> list[str]:
+    """The prefix that runs a command without root's power to ignore permission bits (a
+    read-only folder is writable to root); none for another user."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: a read-only folder is writable")
+    return [setpriv, "--bounding-set=-dac_override,-dac_read_search"]
 
 
 # What an install without an extra looks like to Python: a finder first on the meta

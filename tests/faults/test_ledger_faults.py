@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_runner import TINY, ledgerlm
+from cli_runner import TINY, ledgerlm, without_dac_override
 from ledgerlm.ledger.store import Ledger
 from ledgerlm.train.checkpoint import STATE
 
@@ -247,16 +247,6 @@ def test_a_damaged_ledger_and_a_folder_in_its_place_name_the_path(prepared, tmp_
         assert line == f"error: {folder / 'ledger.db'}: is a folder, not a ledger file"
 
 
-def _without_dac_override() -> list[str]:
-    """Root ignores permission bits; run the command without that capability."""
-    if os.geteuid() != 0:
-        return []
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("running as root without setpriv: a read-only folder is writable")
-    return [setpriv, "--bounding-set=-dac_override,-dac_read_search"]
-
-
 def _readers(ws: Path, report: Path) -> list[list[str]]:
     return [
         ["ledger", "list"],
@@ -279,7 +269,7 @@ def test_readers_work_on_a_read_only_workspace(prepared, tmp_path):
     try:
         for args in _readers(ws, out / "report.html"):
             proc = subprocess.run(
-                [*_without_dac_override(), _cli(), *args, "-w", str(ws)],
+                [*without_dac_override(), _cli(), *args, "-w", str(ws)],
                 capture_output=True,
                 text=True,
                 timeout=300,

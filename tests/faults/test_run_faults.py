@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import resource
 import shutil
 import signal
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_runner import TINY, ledgerlm
+from cli_runner import TINY, ledgerlm, without_dac_override
 from ledgerlm.ledger.store import Ledger
 
 SHORT = ["--set", "train.max_steps=10", "--set", "eval.every_steps=5"]
@@ -58,16 +57,6 @@ def prepared(tmp_path_factory) -> Path:
     return ws
 
 
-def _without_dac_override() -> list[str]:
-    """Root ignores permission bits; run the command without that capability."""
-    if os.geteuid() != 0:
-        return []
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("running as root without setpriv: a read-only folder is writable")
-    return [setpriv, "--bounding-set=-dac_override,-dac_read_search"]
-
-
 def test_a_read_only_workspace_is_one_line_and_nothing_changes(prepared, tmp_path):
     ws = tmp_path / "ro"
     shutil.copytree(prepared, ws)
@@ -75,12 +64,12 @@ def test_a_read_only_workspace_is_one_line_and_nothing_changes(prepared, tmp_pat
     for p in [ws, *ws.rglob("*")]:
         p.chmod(p.stat().st_mode & ~0o222)
     try:
-        cmd = [*_without_dac_override(), _cli(), "run", str(TINY), "-w", str(ws), *SHORT]
+        cmd = [*without_dac_override(), _cli(), "run", str(TINY), "-w", str(ws), *SHORT]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         line = _one_error_line(proc)
         assert str(ws / "ledger.db") in line and "readonly" in line
         listed = subprocess.run(
-            [*_without_dac_override(), _cli(), "ledger", "list", "-w", str(ws)],
+            [*without_dac_override(), _cli(), "ledger", "list", "-w", str(ws)],
             capture_output=True,
             text=True,
             timeout=300,

@@ -5,51 +5,19 @@ on one process with the same global batches."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 
 from ledgerlm.config import load_recipe
-from ledgerlm.ledger.store import Ledger
 from ledgerlm.model.gpt import GPT
 from ledgerlm.train.checkpoint import load_checkpoint
 from ledgerlm.workspace import read_json
 
 from .conftest import TINY, ledgerlm
-
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def _sets(*extra: str) -> list[str]:
-    return [x for o in ["train.threads=1", *extra] for x in ("--set", o)]
-
-
-def _torchrun(*args: str) -> list[str]:
-    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
-    return [*run, "2", "-m", "ledgerlm", *args]
-
-
-def _on_two_ranks(*args: str) -> None:
-    """``torchrun --nproc-per-node 2 -m ledgerlm ARGS``, which must succeed."""
-    proc = subprocess.run(_torchrun(*args), capture_output=True, text=True, timeout=600, env=ENV)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-
-def _show(ws: Path) -> dict:
-    return json.loads(ledgerlm("ledger", "show", "latest", "-w", str(ws), "--json").stdout)
-
-
-def _steps(ws: Path, run_id: str) -> list[dict]:
-    with Ledger(ws / "ledger.db") as ledger:
-        return ledger.steps(run_id)
+from .ranks import killed_after_checkpoint, on_two_ranks, sets, show, steps
 
 
 def _weights(ws: Path) -> dict[str, torch.Tensor]:
@@ -64,68 +32,45 @@ def _weights(ws: Path) -> dict[str, torch.Tensor]:
 
 def test_a_sharded_run_keeps_the_ledger_of_one_process(tmp_path):
     ws = tmp_path / "ws"
-    sets = _sets("train.max_steps=20", "train.parallel=fsdp")
-    _on_two_ranks("run", str(TINY), "-w", str(ws), *sets)
-    two = _show(ws)
+    over = sets("train.max_steps=20", "train.parallel=fsdp")
+    on_two_ranks("run", str(TINY), "-w", str(ws), *over)
+    two = show(ws)
     state = read_json(ws / "runs" / two["run"]["id"] / "checkpoint" / "state.json")
     assert state["format"] == "dcp" and state["ranks"] == 2
-    ledgerlm("run", str(TINY), "-w", str(ws), *_sets("train.max_steps=20", "train.grad_accum=2"))
-    one = _show(ws)
+    ledgerlm("run", str(TINY), "-w", str(ws), *sets("train.max_steps=20", "train.grad_accum=2"))
+    one = show(ws)
     assert two["counters"] == one["counters"]
     for a, b in zip(two["evaluations"], one["evaluations"], strict=True):
         assert (a["step"], a["tokens"], a["targets"]) == (b["step"], b["tokens"], b["targets"])
         for name, value in b["metrics"].items():
             assert a["metrics"][name] == pytest.approx(value, rel=1e-5), name
-    s2, s1 = _steps(ws, two["run"]["id"]), _steps(ws, one["run"]["id"])
+    s2, s1 = steps(ws, two["run"]["id"]), steps(ws, one["run"]["id"])
     assert [(r["tokens"], r["targets"]) for r in s2] == [(r["tokens"], r["targets"]) for r in s1]
     for a, b in zip(s2, s1, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
 
 
-def _checkpoint_step(ws: Path) -> int:
-    for state in (ws / "runs").glob("*/checkpoint/state.json"):
-        try:
-            return json.loads(state.read_text())["step"]
-        except (OSError, ValueError, KeyError):
-            return -1
-    return -1
-
-
 def test_a_killed_sharded_run_resumes_on_two_ranks_bitwise_and_on_one_to_1e5(tmp_path):
-    sets = _sets("train.max_steps=40", "train.parallel=fsdp", "train.checkpoint_every=5")
-    sets += _sets("eval.stop_at_target=false", "eval.every_steps=10")
+    over = sets("train.max_steps=40", "train.parallel=fsdp", "train.checkpoint_every=5")
+    over += sets("eval.stop_at_target=false", "eval.every_steps=10")
     full, killed = tmp_path / "full", tmp_path / "killed"
-    _on_two_ranks("run", str(TINY), "-w", str(full), *sets)
+    on_two_ranks("run", str(TINY), "-w", str(full), *over)
 
-    proc = subprocess.Popen(
-        _torchrun("run", str(TINY), "-w", str(killed), *sets),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=ENV,
-    )
-    deadline = time.monotonic() + 600
-    while _checkpoint_step(killed) < 10 and proc.poll() is None:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run ended before it could be killed"
-    # kill -9 torchrun and both ranks (which run in sessions of their own)
-    for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
-        p.send_signal(signal.SIGKILL)
-    proc.wait(timeout=60)
-    assert _show(killed)["run"]["status"] == "interrupted", "the run finished before the kill"
+    killed_after_checkpoint(["run", str(TINY), "-w", str(killed), *over], killed, 10)
+    assert show(killed)["run"]["status"] == "interrupted", "the run finished before the kill"
     alone = tmp_path / "alone"
     shutil.copytree(killed, alone)
-    run_id = _show(killed)["run"]["id"]
+    run_id = show(killed)["run"]["id"]
 
-    _on_two_ranks("resume", run_id, "-w", str(killed))
+    on_two_ranks("resume", run_id, "-w", str(killed))
     expected = _weights(full)
     got = _weights(killed)
     assert expected.keys() == got.keys()
     assert all(torch.equal(expected[k], got[k]) for k in expected)
 
     ledgerlm("resume", run_id, "-w", str(alone))  # one process: the checkpoint resharded
-    full_steps = _steps(full, _show(full)["run"]["id"])
-    alone_steps = _steps(alone, run_id)
+    full_steps = steps(full, show(full)["run"]["id"])
+    alone_steps = steps(alone, run_id)
     assert [r["step"] for r in alone_steps] == list(range(1, 41))
     for a, b in zip(alone_steps, full_steps, strict=True):
         assert (a["tokens"], a["targets"]) == (b["tokens"], b["targets"])  # same batches
@@ -141,19 +86,19 @@ def test_continued_pretraining_on_two_sharded_ranks_scores_as_one_process(tmp_pa
     """``--init-from`` under torchrun: every rank starts from the run's weights, and the
     before/after scores and the evaluations are those of one process."""
     ws = tmp_path / "ws"
-    short = _sets("train.max_steps=10", "eval.stop_at_target=false", "eval.every_steps=5")
+    short = sets("train.max_steps=10", "eval.stop_at_target=false", "eval.every_steps=5")
     ledgerlm("run", str(TINY), "-w", str(ws), *short)
-    base = _show(ws)["run"]["id"]
+    base = show(ws)["run"]["id"]
     recipe = tmp_path / "more.toml"
     recipe.write_text(TINY.read_text().replace('name = "tiny"', 'name = "more"'))
-    _on_two_ranks("train", str(recipe), "--init-from", base, "-w", str(ws), *short)
-    two = _show(ws)
+    on_two_ranks("train", str(recipe), "--init-from", base, "-w", str(ws), *short)
+    two = show(ws)
     assert two["run"]["recipe"]["train"]["init_from"] == base
     ledgerlm(
         "train", str(recipe), "--init-from", base, "-w", str(ws), *short,
         "--set", "train.grad_accum=2",
     )  # fmt: skip
-    one = _show(ws)
+    one = show(ws)
     a, b = _continued_rows(two), _continued_rows(one)
     assert a.keys() == b.keys() and len(a) >= 4
     for key, row in b.items():
@@ -170,11 +115,11 @@ def test_asynchronous_evaluation_on_two_ranks_gives_the_one_process_evaluations(
     one-process background evaluation."""
     ws = tmp_path / "ws"
     common = ["train.max_steps=20", "eval.asynchronous=true", "eval.every_steps=5"]
-    sets = _sets(*common, "eval.stop_at_target=false")
-    _on_two_ranks("run", str(TINY), "-w", str(ws), *sets, *_sets("train.parallel=ddp"))
-    two = _show(ws)
-    ledgerlm("run", str(TINY), "-w", str(ws), *sets, *_sets("train.grad_accum=2"))
-    one = _show(ws)
+    over = sets(*common, "eval.stop_at_target=false")
+    on_two_ranks("run", str(TINY), "-w", str(ws), *over, *sets("train.parallel=ddp"))
+    two = show(ws)
+    ledgerlm("run", str(TINY), "-w", str(ws), *over, *sets("train.grad_accum=2"))
+    one = show(ws)
     assert [e["step"] for e in two["evaluations"]] == [5, 10, 15, 20]
     for a, b in zip(two["evaluations"], one["evaluations"], strict=True):
         assert (a["step"], a["snapshot"], a["tokens"]) == (b["step"], b["snapshot"], b["tokens"])

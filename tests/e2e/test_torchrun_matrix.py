@@ -198,3 +198,25 @@ def test_a_library_run_without_a_world_refuses_the_torchrun_environment(tmp_path
     with pytest.raises(ValueError, match="torchrun started 2 processes, but this command"):
         resume_run(Workspace(tmp_path / "ws"), "latest")
     assert not (tmp_path / "ws").exists()
+
+
+def test_searches_and_sweeps_refuse_the_torchrun_environment_before_writing(tmp_path, monkeypatch):
+    """A mixture search, its verification and a scaling sweep train one proxy run after
+    another in one process: under torchrun's environment they refuse before their plan
+    or search record is written (a record left behind would be continued later)."""
+    from ledgerlm.config import load_recipe
+    from ledgerlm.lab.mix_search import doremi_search, search_mixture, verify_mixture
+    from ledgerlm.lab.sweep import run_sweep
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    base, ws = load_recipe(TINY), Workspace(tmp_path / "ws")
+    calls = [
+        lambda: search_mixture(base, ws, trials=2, proxy=[]),
+        lambda: doremi_search(base, ws, proxy=[]),
+        lambda: verify_mixture(base, ws, "found"),
+        lambda: run_sweep(base, [], ws),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match="torchrun started 2 processes, but this command"):
+            call()
+    assert not (tmp_path / "ws").exists()

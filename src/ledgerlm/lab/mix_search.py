@@ -43,6 +43,7 @@ from ledgerlm.ledger.store import Ledger
 from ledgerlm.mixture.doremi import ETA, SMOOTHING, doremi_update, excess_loss
 from ledgerlm.mixture.regress import dirichlet_around, fit_regression, recommend
 from ledgerlm.progress import NullProgress, Progress
+from ledgerlm.train.distributed import one_process
 from ledgerlm.train.evaluate import EvalCallback
 from ledgerlm.workspace import Workspace, atomic_write_json, read_json
 
@@ -198,6 +199,7 @@ def search_mixture(
     continued (``lab.resume.continue_run``): running the same search again reuses the
     finished trials, resumes the interrupted one, and trains nothing twice.
     """
+    one_process()  # under torchrun every rank would run the whole search
     from ledgerlm.lab.mixture import segments  # imports the token store
     from ledgerlm.lab.resume import continue_run  # the runner imports torch
     from ledgerlm.tokens.shards import TokenStore
@@ -365,6 +367,7 @@ def verify_mixture(
     Returns both run ids, the per-domain final validation loss of each with the change
     (negative: the found mixture is better there), and each run's time-to-target.
     """
+    one_process()  # under torchrun every rank would run the whole search
     from ledgerlm.lab.run import run_recipe  # the runner imports torch
 
     progress = progress or NullProgress()
@@ -470,6 +473,7 @@ def doremi_search(
     ledger run (its reweighting state is in no checkpoint; its recorded evaluations are
     reused where the weights match).
     """
+    one_process()  # under torchrun every rank would run the whole search
     from ledgerlm.lab.resume import continue_run  # the runner imports torch
 
     progress = progress or NullProgress()

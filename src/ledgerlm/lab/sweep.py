@@ -158,7 +158,9 @@ def run_sweep(
     """
     # the runner imports torch; plan() does not
     from ledgerlm.lab.resume import PlanConflict, continue_run
+    from ledgerlm.train.distributed import one_process
 
+    one_process()  # under torchrun every rank would run the whole sweep
     progress = progress or NullProgress()
     if not points:
         raise SweepError("an empty sweep: plan at least one point")

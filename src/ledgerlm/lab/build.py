@@ -147,7 +147,8 @@ def build_trainer(
         callbacks.append(ProgressCallback(task))
     if checkpoints is not None:
         folder, state = checkpoints
-        callbacks.append(CheckpointCallback(folder, recipe.train.checkpoint_every, state))
+        every = recipe.train.checkpoint_every
+        callbacks.append(CheckpointCallback(folder, every, state, evaluator))
     callbacks.extend(more)
     callbacks.append(BudgetCallback(recipe.eval, started_at))
     trainer = Trainer(

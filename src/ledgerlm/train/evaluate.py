@@ -59,7 +59,8 @@ class Scoring:
     Under ``torchrun`` each rank scores every ``size``-th batch and the sums are
     all-reduced, so every rank gets the same figures as one process would. A sharded
     model gathers its weights in every forward, so every rank then runs as many
-    forwards as the rank with the most batches (a spare one scores nothing).
+    forwards as the rank with the most batches (a spare one scores nothing), and frees
+    the gathered weights after them (``_reshard``).
     """
 
     def __init__(
@@ -109,6 +110,8 @@ class Scoring:
                 sizes = self.text[:, b.targets[b.loss_mask].cpu()].to(self.device)
                 self.bytes.index_add_(0, dom, sizes[0])
                 self.chars.index_add_(0, dom, sizes[1])
+        if self.world.sharded:
+            _reshard(self.model)
         self.done = end
         return self.done == self.rounds
 
@@ -165,6 +168,21 @@ def swapped(model: torch.nn.Module, weights: list[torch.Tensor]) -> Iterator[Non
         with torch.no_grad():
             for p, w in zip(params, own, strict=True):
                 p.copy_(w)
+
+
+def _reshard(model: torch.nn.Module) -> None:
+    """Free the weights FSDP2 gathered for forwards without a backward (an evaluation).
+
+    The root module (embedding, tied head, final norm) keeps its gathered weights after
+    a forward, for the backward that would follow; after an evaluation none follows, so
+    the next training forward would run with them (a swapped-in snapshot's, under
+    asynchronous evaluation), and until then ``parameters()`` yields them whole, where
+    ``swapped`` puts a snapshot's shards (the last pieces, scored at once)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:

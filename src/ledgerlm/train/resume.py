@@ -51,10 +51,22 @@ def load_training(folder: Path, model: torch.nn.Module, optimizer: Optimizer) ->
 
 class CheckpointCallback:
     """Saves a resumable checkpoint every ``every`` updates (0 = never), timed in the
-    ledger as a ``checkpoint`` phase that interrupts training."""
+    ledger as a ``checkpoint`` phase that interrupts training.
 
-    def __init__(self, folder: Path, every: int, extra: dict[str, Any] | None = None) -> None:
+    An asynchronous evaluation still being scored when the checkpoint is written is not
+    in the ledger yet: the checkpoint says it is owed, and a resume from it scores the
+    checkpoint's weights rather than leave it out (``ResumedEval``): the same snapshot
+    when it was this step's (``checkpoint_every`` a multiple of ``eval.every_steps``)."""
+
+    def __init__(
+        self,
+        folder: Path,
+        every: int,
+        extra: dict[str, Any] | None = None,
+        evaluator: EvalCallback | None = None,
+    ) -> None:
         self.folder, self.every, self.extra = Path(folder), every, extra or {}
+        self.evaluator = evaluator
 
     def on_train_start(self, trainer) -> None:
         pass
@@ -68,8 +80,10 @@ class CheckpointCallback:
 
     def save(self, trainer) -> Path:
         trainer.recorder.flush(trainer)  # the record up to this step goes in before the save
+        owed = self.evaluator is not None and self.evaluator.owed
+        extra = {**self.extra, "owed_evaluation": True} if owed else self.extra
         with trainer.recorder.interrupt("checkpoint", trainer.state.step, periodic=True):
-            return save_training(self.folder, trainer, self.extra)
+            return save_training(self.folder, trainer, extra)
 
 
 class ResumedEval(EvalCallback):
@@ -81,8 +95,9 @@ class ResumedEval(EvalCallback):
     weights digest matches, that row stands; otherwise a fresh evaluation is recorded.
 
     ``owed``: the checkpoint was written while an evaluation due at its step (or before
-    it, when asynchronous) was not yet recorded (a ledger locked past its timeout); one
-    is made at the checkpoint's step before the first update, unless the ledger has it.
+    it, when asynchronous) was not yet recorded (a ledger locked past its timeout, an
+    asynchronous one still being scored); one is made at the checkpoint's step before
+    the first update, unless the ledger has it.
     """
 
     def __init__(

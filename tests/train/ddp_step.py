@@ -52,12 +52,18 @@ def main() -> None:
     ap.add_argument("--parallel", default="auto")
     ap.add_argument("--init-from", type=Path, help="load weights and optimizer state first")
     ap.add_argument("--save", type=Path, help="save a checkpoint after the step")
+    ap.add_argument(
+        "--skew", type=float, default=0.0, help="scale rank 1's loss numerators by 1 + SKEW"
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     with distributed_world() as world:
         world = world.placed("cpu", args.parallel)
         torch.manual_seed(0)
         model = GPT(ModelConfig(d_model=16, n_layers=2, n_heads=2), 40).double()
+        if args.skew and world.rank == 1:  # a wrong share: a test's tolerance must see it
+            forward = model.forward
+            model.forward = lambda *a, **kw: forward(*a, **kw) * (1 + args.skew)
         shard_model(model, world)  # FSDP2 under parallel = fsdp; else nothing
         cfg = TrainConfig(
             max_steps=1,

@@ -13,6 +13,17 @@ from safetensors.torch import load_file
 
 WORKER = Path(__file__).with_name("ddp_step.py")
 
+# The worker's model is float64. One process adds its four micro-batches' gradients in
+# turn, ((g0 + g1) + g2) + g3; two ranks add their own two, then each other's sums,
+# (g0 + g2) + (g1 + g3); the loss's numerators alike. Not the same order, so not bitwise:
+# reordering a sum of four terms moves it by at most 6 x 2**-53 times the sum of the
+# terms' magnitudes, under 1e-16 for these gradients (the largest is 0.1; 1.4e-17 is
+# measured, 4e-17 in the updated weights). atol 1e-15 covers elements whose terms cancel,
+# rtol 1e-12 the rest. One rank's share off by 1e-9 fails them (the skew test below)
+# and passed the rtol 1e-6 these tests had.
+LOSS_REL = 1e-12
+FP64_REORDERED = {"rtol": 1e-12, "atol": 1e-15}
+
 
 def _step(out: Path, nproc: int, accum: int, *args: str) -> list[tuple[dict, dict]]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -52,10 +63,10 @@ def test_two_ranks_make_the_one_process_update(tmp_path, policy, parallel):
         assert meta["world"] == 2
         for key in ("targets", "tokens", "denominator", "rows"):
             assert meta[key] == one[key], key
-        assert meta["loss"] == pytest.approx(one["loss"], rel=1e-6)
+        assert meta["loss"] == pytest.approx(one["loss"], rel=LOSS_REL)
         assert tensors.keys() == one_t.keys()
         for name, ref in one_t.items():
-            torch.testing.assert_close(tensors[name], ref, rtol=1e-6, atol=1e-12)
+            torch.testing.assert_close(tensors[name], ref, **FP64_REORDERED)
     # Both ranks applied the same update: their weights are bitwise equal.
     for name, t in ranks[0][1].items():
         assert torch.equal(t, ranks[1][1][name]), name
@@ -71,9 +82,22 @@ def test_a_one_process_checkpoint_loads_into_two_sharded_ranks(tmp_path):
     first = _step(tmp_path / "again", 1, 4)[0][1]  # the update from the initial weights
     assert any(not torch.equal(first[k], one_t[k]) for k in one_t)  # the load mattered
     for meta, tensors in ranks:
-        assert meta["loss"] == pytest.approx(one["loss"], rel=1e-6)
+        assert meta["loss"] == pytest.approx(one["loss"], rel=LOSS_REL)
         for name, ref in one_t.items():
-            torch.testing.assert_close(tensors[name], ref, rtol=1e-6, atol=1e-12)
+            torch.testing.assert_close(tensors[name], ref, **FP64_REORDERED)
+
+
+def test_a_rank_share_off_by_a_billionth_is_caught(tmp_path):
+    """The tolerances above have teeth: rank 1's numerators scaled by 1 + 1e-9 (its share
+    of the loss and of every gradient) fail them, and passed the 1e-6 they replace."""
+    [(one, one_t)] = _step(tmp_path / "one", 1, 4)
+    (meta, tensors), _ = _step(tmp_path / "two", 2, 2, "--parallel", "ddp", "--skew", "1e-9")
+    assert meta["loss"] != pytest.approx(one["loss"], rel=LOSS_REL)
+    assert meta["loss"] == pytest.approx(one["loss"], rel=1e-6)
+    grads = [name for name in one_t if name.startswith("grad/")]
+    off = [n for n in grads if not torch.allclose(tensors[n], one_t[n], **FP64_REORDERED)]
+    assert off == grads  # every gradient
+    assert all(torch.allclose(tensors[n], one_t[n], rtol=1e-6, atol=1e-12) for n in grads)
 
 
 def test_both_ranks_skip_the_update_whose_global_loss_spikes(tmp_path):

@@ -6,9 +6,7 @@ a DoReMi search, which trains in one process and is refused under torchrun."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,9 +18,8 @@ from ledgerlm.report.mllog import check_mllog
 from ledgerlm.workspace import Workspace, read_json
 
 from .conftest import TINY, ledgerlm
+from .ranks import ENV, on_two_ranks, sets, torchrun
 
-# Local helpers in the manner of test_torchrun.py and test_fsdp.py.
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TOKEN = ":::MLLOG "
 PACKAGE = str(Path(package.__file__).parent)  # in a traceback's frames
 # 12 updates: the first half of the budget a code-heavy stage, then all three domains.
@@ -33,19 +30,8 @@ MIX = [
 SHORT = ["train.max_steps=12", "eval.every_steps=6"]
 
 
-def _sets(*overrides: str) -> list[str]:
-    return [x for o in ["train.threads=1", *overrides] for x in ("--set", o)]
-
-
 def _torchrun(*args: str) -> subprocess.CompletedProcess:
-    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
-    cmd = [*run, "2", "-m", "ledgerlm", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
-
-
-def _on_two_ranks(*args: str) -> None:
-    proc = _torchrun(*args)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    return subprocess.run(torchrun(*args), capture_output=True, text=True, timeout=600, env=ENV)
 
 
 def _show(ws: Path) -> dict:
@@ -92,9 +78,9 @@ def ws(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def mixed(ws) -> tuple[dict, dict]:
     """The staged mixture on two DDP ranks, then in one process with grad_accum=2."""
-    _on_two_ranks("run", str(TINY), "-w", str(ws), *_sets(*MIX, *SHORT, "train.parallel=ddp"))
+    on_two_ranks("run", str(TINY), "-w", str(ws), *sets(*MIX, *SHORT, "train.parallel=ddp"))
     two = _show(ws)
-    ledgerlm("run", str(TINY), "-w", str(ws), *_sets(*MIX, *SHORT, "train.grad_accum=2"))
+    ledgerlm("run", str(TINY), "-w", str(ws), *sets(*MIX, *SHORT, "train.grad_accum=2"))
     return two, _show(ws)
 
 
@@ -145,12 +131,12 @@ MUON = ["train.optimizer=muon", "train.max_steps=12", "eval.every_steps=6"]
 @pytest.mark.slow
 def test_muon_on_two_ranks_makes_the_one_process_updates(ws):
     # train.parallel = auto: DDP for Muon under torchrun (FSDP is refused, below)
-    _on_two_ranks("run", str(TINY), "-w", str(ws), *_sets(*MUON))
+    on_two_ranks("run", str(TINY), "-w", str(ws), *sets(*MUON))
     two = _show(ws)
     state = read_json(ws / "runs" / two["run"]["id"] / "checkpoint" / "state.json")
     assert state["ranks"] == 2 and state.get("format") != "dcp"  # whole replicas, not shards
     assert set(state["optimizer"]) == {"adamw", "muon"}
-    ledgerlm("run", str(TINY), "-w", str(ws), *_sets(*MUON, "train.grad_accum=2"))
+    ledgerlm("run", str(TINY), "-w", str(ws), *sets(*MUON, "train.grad_accum=2"))
     one = _show(ws)
     assert two["run"]["recipe"]["train"]["optimizer"] == "muon"
     _same_training(two, one, ws)
@@ -158,7 +144,7 @@ def test_muon_on_two_ranks_makes_the_one_process_updates(ws):
 
 def test_muon_with_fsdp_is_refused_before_anything_is_written(tmp_path):
     ws = tmp_path / "ws"
-    proc = _torchrun("run", str(TINY), "-w", str(ws), *_sets(*MUON, "train.parallel=fsdp"))
+    proc = _torchrun("run", str(TINY), "-w", str(ws), *sets(*MUON, "train.parallel=fsdp"))
     assert proc.returncode != 0
     assert (
         "error: train.optimizer = 'muon' orthogonalizes whole matrices, which FSDP shards; "
@@ -178,7 +164,7 @@ def test_a_doremi_search_under_torchrun_is_refused(tmp_path):
     process. The search trains nothing and says to run it without torchrun."""
     ws = tmp_path / "ws"
     args = ["mix", "search", str(TINY), "-w", str(ws), "--method", "doremi", *PROXY]
-    proc = _torchrun(*args, *_sets())
+    proc = _torchrun(*args, *sets())
     assert proc.returncode != 0
     assert "error: torchrun started 2 processes, but this command trains in one" in proc.stderr
     assert not (ws / "ledger.db").exists() and not (ws / "data").exists()

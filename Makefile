@@ -1,5 +1,6 @@
 # make demo: create .venv, install ledgerlm, run the whole pipeline on the built-in corpus.
 # make test: the same venv plus dev extras, then lint (ruff, the import layers) and the test suite.
+# make test-slow: the same venv plus dev extras, then only the tests marked slow.
 PYTHON ?= python3
 VENV ?= .venv
 # The CPU build of PyTorch; override e.g. `make demo TORCH=torch==2.14.1`.
@@ -37,11 +38,12 @@ browser:
 	echo "browser: could not install chromium chromium-driver (needs root and apt-get);" \
 	  "the browser test will be skipped"
 
+# --durations=20: the log says where the time went.
 test: lint browser
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=20
 
 test-slow: $(VENV)/.dev-installed
-	$(BIN)/python -m pytest -m slow
+	$(BIN)/python -m pytest -m slow --durations=20
 
 clean:
 	rm -rf $(VENV) ledgerlm-work .pytest_cache .ruff_cache

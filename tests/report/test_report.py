@@ -55,6 +55,11 @@ def esc(text: str) -> str:
     return html.escape(text, quote=False)
 
 
+def hover(values: list[float]) -> list[float]:
+    """``values`` as a figure holds them: to 6 significant digits, so compared exactly."""
+    return [float(f"{v:.6g}") for v in values]
+
+
 def update_rows(n: int, sec_per_step: float) -> list[dict]:
     """Per-update rows: a noisy falling loss, a warmup, and every 10th row without its
     wall seconds (an update whose time was not measured)."""
@@ -279,8 +284,8 @@ def test_training_loss_raw_and_smoothed(specs, summaries, steps) -> None:
     assert [tr["meta"]["run"] for tr in smoothed] == [esc(i) for i in ids_of(summaries)]
     rows = steps[summaries[0]["run"]["id"]]
     assert raw[0]["x"] == smoothed[0]["x"] == [r["step"] for r in rows]
-    assert raw[0]["y"] == pytest.approx([r["loss"] for r in rows], rel=1e-5)
-    assert smoothed[0]["y"] == pytest.approx(ema([r["loss"] for r in rows]), rel=1e-5)
+    assert raw[0]["y"] == hover([r["loss"] for r in rows])
+    assert smoothed[0]["y"] == hover(ema([r["loss"] for r in rows]))
     assert raw[0]["opacity"] < 1 and "opacity" not in smoothed[0]  # faint raw line
     assert raw[0]["showlegend"] is False  # one legend entry per run, hiding both lines
     assert raw[0]["legendgroup"] == smoothed[0]["legendgroup"]
@@ -293,12 +298,12 @@ def test_training_loss_raw_and_smoothed(specs, summaries, steps) -> None:
 def test_learning_rate_grad_norm_and_throughput(specs, summaries, steps) -> None:
     rows = steps[summaries[1]["run"]["id"]]  # D: 0.9 s per update
     (_, lr, _, _) = traces(specs["lr"], "value")
-    assert lr["y"] == pytest.approx([r["lr"] for r in rows])
+    assert lr["y"] == hover([r["lr"] for r in rows])
     grad = traces(specs["grad-norm"], "raw")[1]
-    assert grad["y"] == pytest.approx([r["grad_norm"] for r in rows])
+    assert grad["y"] == hover([r["grad_norm"] for r in rows])
     tput = traces(specs["throughput"], "raw")[1]
     assert tput["x"] == [r["step"] for r in rows if r["step"] % 10]  # no seconds: no point
-    assert tput["y"] == pytest.approx([TOKENS_PER_STEP / 0.9] * len(tput["x"]), rel=1e-5)
+    assert tput["y"] == hover([TOKENS_PER_STEP / 0.9] * len(tput["x"]))
     assert len(traces(specs["throughput"], "smoothed")) == len(summaries)
 
 
@@ -317,7 +322,7 @@ def test_long_runs_are_thinned_and_the_page_stays_small(summaries) -> None:
     assert len(raw["x"]) == MAX_POINTS and raw["x"][0] == 1 and raw["x"][-1] == n
     # The average runs over every update, not only over those drawn.
     full = ema([r["loss"] for r in update_rows(n, 0.25)])
-    assert smoothed["y"] == pytest.approx([full[i] for i in thin(n)], rel=1e-5)
+    assert smoothed["y"] == hover([full[i] for i in thin(n)])
     assert f"more than {MAX_POINTS:,} updates" in long
     own = len(long.encode()) - len(plotlyjs().encode())
     assert own < 1_000_000, own  # plotly.js (~4.8 MB) plus under 1 MB of report

@@ -139,9 +139,9 @@ def test_an_evaluation_gives_bits_per_byte_of_the_same_targets(tiny_run):
     from ledgerlm.ledger.store import Ledger
     from ledgerlm.tokens.shards import TokenStore
 
-    ws, recipe = tiny_run
+    ws, recipe, run = tiny_run
     with Ledger(ws / "ledger.db") as ledger:
-        summary = ledger.run_summary(ledger.resolve_run("latest"))
+        summary = ledger.run_summary(run)
     store = TokenStore(next((ws / "tokens").iterdir()))
     val = val_batches(store, recipe)
     ids = np.concatenate([b.targets[b.loss_mask].numpy() for b in val])
@@ -162,16 +162,17 @@ def tiny_run(tmp_path_factory):
     ws = tmp_path_factory.mktemp("bpb")
     ledgerlm("run", str(TINY), "-w", str(ws), "--set", "train.max_steps=4",
              "--set", "eval.every_steps=2")  # fmt: skip
-    return ws, load_recipe(TINY)
+    (run_dir,) = (ws / "runs").iterdir()
+    return ws, load_recipe(TINY), run_dir.name  # the workspace, its recipe, the run's id
 
 
 def test_the_report_and_ledger_show_give_bits_per_byte(tiny_run, tmp_path):
     from cli_runner import ledgerlm
 
-    ws, _ = tiny_run
+    ws, _, run = tiny_run
     page = tmp_path / "r.html"
-    ledgerlm("report", "latest", "-w", str(ws), "-o", str(page))
+    ledgerlm("report", run, "-w", str(ws), "-o", str(page))
     assert "bits per byte" in page.read_text()
-    shown = ledgerlm("ledger", "show", "latest", "-w", str(ws)).stdout.splitlines()
+    shown = ledgerlm("ledger", "show", run, "-w", str(ws)).stdout.splitlines()
     header = next(line for line in shown if line.lstrip().startswith("step") and "loss" in line)
     assert "bpb" in header.split()

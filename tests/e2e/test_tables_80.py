@@ -376,16 +376,23 @@ def test_scale_serving_cost(runs, tty, tmp_path):
     readable(out, values, prose=("on ", "wrote "))
 
 
+@pytest.fixture(scope="module")
+def search_ws(tmp_path_factory) -> Path:
+    """A workspace of the search's own (its trials are runs: the shared ``runs`` stay
+    two). The first mode's search trains the trials; the second's reuses them."""
+    return tmp_path_factory.mktemp("search") / "ws"
+
+
 @pytest.mark.slow
 @MODES
-def test_mix_search(runs, tty):
+def test_mix_search(search_ws, tty):
     out = ledgerlm_at(
-        "mix", "search", str(TINY), "-w", str(runs.ws), "--trials", "3",
+        "mix", "search", str(TINY), "-w", str(search_ws), "--trials", "3",
         "--proxy", "model.n_layers=1", "--proxy", "train.max_steps=6",
         "--proxy", "eval.every_steps=3", tty=tty,
     )  # fmt: skip
     (search_id,) = [w for w in out.split() if w.startswith("data.mixture.from_search=")]
-    record = json.loads(Workspace(runs.ws).search_file(search_id.split("=")[1]).read_text())
+    record = json.loads(Workspace(search_ws).search_file(search_id.split("=")[1]).read_text())
     values = [record["search_id"]]
     for trial in record["trials"]:
         values += [f"{trial['weights'].get(d, 0.0):.3f}" for d in record["domains"]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -80,3 +81,13 @@ def ledger_updates(ws: Path) -> int:
             return db.execute("SELECT COUNT(*) FROM steps").fetchone()[0]
     except sqlite3.Error:
         return 0
+
+
+def checkpoint_step(ws: Path) -> int:
+    """The step of the checkpoint a run in ``ws`` has published (-1 before the first)."""
+    for state in (ws / "runs").glob("*/checkpoint/state.json"):
+        try:
+            return json.loads(state.read_text())["step"]
+        except (OSError, ValueError, KeyError):
+            return -1  # being replaced right now
+    return -1

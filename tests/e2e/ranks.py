@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 
+from cli_runner import checkpoint_step
 from ledgerlm.ledger.store import Ledger
 
 from .conftest import ledgerlm
@@ -46,16 +47,6 @@ def steps(ws: Path, run_id: str) -> list[dict]:
     """The run's per-update rows."""
     with Ledger(ws / "ledger.db") as ledger:
         return ledger.steps(run_id)
-
-
-def checkpoint_step(ws: Path) -> int:
-    """The step of the checkpoint a run in ``ws`` has published (-1 before the first)."""
-    for state in (ws / "runs").glob("*/checkpoint/state.json"):
-        try:
-            return json.loads(state.read_text())["step"]
-        except (OSError, ValueError, KeyError):
-            return -1  # being replaced right now
-    return -1
 
 
 def killed_after_checkpoint(args: list[str], ws: Path, step: int) -> None:

@@ -18,6 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from cli_runner import checkpoint_step
 from kill_at import KillAt, Killed
 from ledgerlm.config import ModelConfig, PackConfig, TrainConfig
 from ledgerlm.lab.resume import resume_run
@@ -188,15 +189,6 @@ def _run_args(ws: Path) -> list[str]:
     return _cli("run", str(TINY), "-w", str(ws), *sets)
 
 
-def _checkpoint_step(ws: Path) -> int:
-    for state in (ws / "runs").glob("*/checkpoint/state.json"):
-        try:
-            return json.loads(state.read_text())["step"]
-        except (OSError, ValueError, KeyError):
-            return -1  # being replaced right now
-    return -1
-
-
 def test_kill_9_and_resume_gives_the_uninterrupted_weights(tmp_path):
     full_ws, ws = tmp_path / "full", tmp_path / "killed"
     subprocess.run(_run_args(full_ws), check=True, capture_output=True, timeout=600)
@@ -204,7 +196,7 @@ def test_kill_9_and_resume_gives_the_uninterrupted_weights(tmp_path):
     proc = subprocess.Popen(_run_args(ws), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     kill_after = random.Random().randint(10, 20)
     deadline = time.monotonic() + 300
-    while _checkpoint_step(ws) < kill_after and proc.poll() is None:
+    while checkpoint_step(ws) < kill_after and proc.poll() is None:
         assert time.monotonic() < deadline, "no checkpoint appeared"
         time.sleep(0.01)
     assert proc.poll() is None, "the run ended before it could be killed"

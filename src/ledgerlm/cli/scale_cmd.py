@@ -22,6 +22,7 @@ from ledgerlm.cli.ui import (
     friendly_errors,
     load_recipe,
 )
+from ledgerlm.cli.ui import fmt_g as _g
 
 app = typer.Typer(
     help="Scaling sweeps: plan and run a grid of model sizes N x token budgets D on one "
@@ -77,13 +78,6 @@ def _plan(recipe_path: Path, set_: list[str] | None, sizes, tokens, flops, lr_ru
         lr_rule=lr_rule,
     )
     return base, points
-
-
-def _g(x: float) -> str:
-    """3 significant digits, exponents without padding: 2e5, 1.2e11."""
-    text = f"{x:.3g}"
-    mantissa, e, exp = text.partition("e")
-    return f"{mantissa}e{int(exp)}" if e else text
 
 
 def _runs(n: int) -> str:

@@ -14,6 +14,7 @@ from rich.markup import escape
 
 from ledgerlm.cli.table import FitTable
 from ledgerlm.cli.ui import DEFAULT_WS, JsonOpt, WorkspaceOpt, console, friendly_errors
+from ledgerlm.cli.ui import fmt_g as _g
 
 SweepOpt = Annotated[
     str | None,
@@ -140,13 +141,6 @@ def numbers(text: str | None, what: str, zero: bool = False) -> list[float] | No
             raise ValueError(f"{what}: {item!r} is not {kind}")
         out.append(value)
     return out
-
-
-def _g(x: float) -> str:
-    """3 significant digits, exponents without padding: 2e5, 1.2e11."""
-    text = f"{x:.3g}"
-    mantissa, e, exp = text.partition("e")
-    return f"{mantissa}e{int(exp)}" if e else text
 
 
 def _params_table(result: dict[str, Any]) -> FitTable:

@@ -13,13 +13,7 @@ from rich.markup import escape
 
 from ledgerlm.cli.table import FitTable
 from ledgerlm.cli.ui import DEFAULT_WS, JsonOpt, WorkspaceOpt, console, friendly_errors
-
-
-def _g(x: float) -> str:
-    """3 significant digits, exponents without padding: 2e5, 1.2e11."""
-    text = f"{x:.3g}"
-    mantissa, e, exp = text.partition("e")
-    return f"{mantissa}e{int(exp)}" if e else text
+from ledgerlm.cli.ui import fmt_g as _g
 
 
 def _table(r: dict[str, Any]) -> FitTable:

@@ -289,3 +289,10 @@ class RichProgress:
 
 def fmt_seconds(s: float | None) -> str:
     return "-" if s is None else f"{s:,.1f} s"
+
+
+def fmt_g(x: float) -> str:
+    """3 significant digits, exponents without padding: 2e5, 1.2e11."""
+    text = f"{x:.3g}"
+    mantissa, e, exp = text.partition("e")
+    return f"{mantissa}e{int(exp)}" if e else text

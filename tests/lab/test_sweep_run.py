@@ -14,7 +14,8 @@ from ledgerlm.lab.sweep import record_plan, run_sweep, sweep_id_of, sweep_points
 from ledgerlm.ledger import Ledger
 from ledgerlm.ledger.store import LedgerError
 from ledgerlm.scaling.law import LawParams
-from ledgerlm.scaling.sweep import EVENT, SweepError, param_count, plan
+from ledgerlm.scaling.sweep import EVENT, SweepError, plan
+from ledgerlm.shape import param_count
 from ledgerlm.workspace import Workspace
 
 BASE = load_recipe(TINY)  # d_model 64, 16 rows x 64 positions = 1,024 tokens per step

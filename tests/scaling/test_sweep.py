@@ -14,12 +14,11 @@ from ledgerlm.scaling.sweep import (
     ASPECT_BAND,
     SweepError,
     choose_shape,
-    param_count,
     plan,
     smallest_shape,
     sweep_id,
-    tokens_per_step,
 )
+from ledgerlm.shape import param_count, tokens_per_update
 
 BASE = load_recipe(TINY)  # d_model 64, 16 rows x 64 positions = 1,024 tokens per step
 TPS = 1024
@@ -70,7 +69,7 @@ def test_tiny_range_sizes_land_within_a_few_percent():
 
 def test_grid_of_tokens():
     points = plan(BASE, [2e5, 5e5], tokens=[1e5, 2e5])
-    assert tokens_per_step(BASE) == TPS
+    assert tokens_per_update(BASE) == TPS
     assert [(p.target_N, p.target_D) for p in points] == [
         (200_000, 100_000),
         (200_000, 200_000),

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from ledgerlm.config import ModelConfig, TrainConfig, recipe_from_dict
-from ledgerlm.lab.mixture import tokens_per_update
 from ledgerlm.model.gpt import GPT
+from ledgerlm.shape import tokens_per_update
 from ledgerlm.tokens.packing import make_batch
 from ledgerlm.train.loop import Trainer
 from ledgerlm.train.optim import build_optimizer

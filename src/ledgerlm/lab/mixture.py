@@ -13,15 +13,10 @@ from ledgerlm.data.pipeline import prepare_data
 from ledgerlm.mixture.plan import MixturePlan, plan_segments
 from ledgerlm.mixture.schedule import Segment, resolve
 from ledgerlm.progress import Progress
+from ledgerlm.shape import tokens_per_update
 from ledgerlm.tokens.loader import natural_shares, train_pools
 from ledgerlm.tokens.shards import TokenStore, build_tokens
 from ledgerlm.workspace import Workspace, read_json
-
-
-def tokens_per_update(recipe: Recipe, ranks: int = 1) -> int:
-    """Training (input) tokens of one optimizer update: every rank's micro-batches."""
-    t = recipe.train
-    return ranks * t.grad_accum * t.micro_batch_rows * recipe.pack.seq_len
 
 
 def token_budget(recipe: Recipe, ranks: int = 1) -> int:

@@ -40,10 +40,10 @@ from ledgerlm.scaling.sweep import (
     SWEEP_ID,
     PlanPoint,
     SweepError,
-    param_count,
     plan_digest,
 )
 from ledgerlm.scaling.sweep import sweep_id as plan_sweep_id
+from ledgerlm.shape import param_count
 from ledgerlm.workspace import Workspace, atomic_write_json, read_json
 
 # -- running --------------------------------------------------------------------------

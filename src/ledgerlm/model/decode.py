@@ -14,7 +14,7 @@ and CUDA need nothing special) and filled in place; ``length`` positions are val
 
 FLOPs of one generated token (``flops_per_token``), a multiply-add counted as 2:
 
-    matmul    = 2 N            N as the scaling code counts it (``scaling.sweep``:
+    matmul    = 2 N            N as the scaling code counts it (``ledgerlm.shape``:
                                blocks + final norm + output head, embedding excluded)
     attention = 4 n_layers T d  QK^T (2 T d per layer: T dot products of length d,
                                summed over heads) plus AV (the same), where T is the
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from ledgerlm.config import ModelConfig
 from ledgerlm.model.gpt import GPT, Attention, apply_rope, rope_tables
-from ledgerlm.scaling.sweep import param_count
+from ledgerlm.shape import param_count
 
 
 @dataclass(frozen=True)

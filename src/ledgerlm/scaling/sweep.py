@@ -5,8 +5,9 @@ one data version and reading its points back from the ledger is ``ledgerlm.lab.s
 **What N counts.** N is every weight the forward pass multiplies by, once: the
 blocks, the final norm and the output head (``d_model x vocab``, counted even when
 it is tied to the embedding), but not the token-embedding lookup, which costs no
-FLOPs. That is the N of C = 6 N D. For a tied model it equals
-``GPT.num_params()``; for an untied one ``GPT.num_params(non_embedding=True)``.
+FLOPs. That is the N of C = 6 N D (``ledgerlm.shape.param_count``). For a tied
+model it equals ``GPT.num_params()``; for an untied one
+``GPT.num_params(non_embedding=True)``.
 
 **Shape rule.** Width ``d_model`` is a multiple of 16 with ``16 <= d_model /
 n_layers <= 256`` (the aspect rule ``d_model = 64 x n_layers``, within a factor 4:
@@ -52,6 +53,7 @@ from typing import Any
 
 from ledgerlm.config import Recipe, apply_overrides, recipe_from_dict
 from ledgerlm.scaling.law import KAPPA
+from ledgerlm.shape import param_count, tokens_per_update
 
 WIDTH_STEP = 16  # d_model is a multiple of this
 ASPECT = 64  # d_model ~ ASPECT x n_layers ...
@@ -83,15 +85,6 @@ class SweepError(ValueError):
 def heads_for(d_model: int) -> int:
     """Heads 32 wide when 32 divides ``d_model``, else 16 wide (even, as RoPE needs)."""
     return d_model // 32 if d_model % 32 == 0 else d_model // 16
-
-
-def param_count(d_model: int, n_layers: int, vocab_size: int, ffn_mult: float = 8 / 3) -> int:
-    """N of a ``GPT`` (see the module docstring): per block q, k, v, o (4 d^2), SwiGLU
-    (3 d h, h = ffn_mult d rounded up to 16) and two norms (2 d); the final norm (d);
-    the head (d V). Checked against ``GPT`` in the tests."""
-    hidden = 16 * math.ceil(ffn_mult * d_model / 16)  # = model.gpt.ffn_hidden
-    block = 4 * d_model * d_model + 3 * d_model * hidden + 2 * d_model
-    return n_layers * block + d_model + d_model * vocab_size
 
 
 @dataclass(frozen=True)
@@ -191,11 +184,6 @@ class PlanPoint:
         return out
 
 
-def tokens_per_step(base: Recipe) -> int:
-    t = base.train
-    return t.micro_batch_rows * t.grad_accum * base.pack.seq_len
-
-
 def _short(x: float) -> str:
     """3 significant digits with a k/M/G/T suffix: 200080 -> '200k'."""
     for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1, "")):
@@ -236,7 +224,7 @@ def _overrides(base: Recipe, shape: Shape, max_steps: int, lr: float, evals: int
         f"train.lr={lr!r}",
     ]
     if t.schedule_unit == "tokens":
-        tokens = max_steps * tokens_per_step(base)
+        tokens = max_steps * tokens_per_update(base)
         share = t.warmup_tokens / (t.schedule_tokens or 1)
         out += [f"train.schedule_tokens={tokens}", f"train.warmup_tokens={round(share * tokens)}"]
     else:
@@ -293,7 +281,7 @@ def plan(
     if base.train.init_from:
         raise SweepError("a sweep trains every size from scratch; the base sets train.init_from")
     vocab = int(vocab_size or base.tokenizer.vocab_size)
-    tps = tokens_per_step(base)
+    tps = tokens_per_update(base)
     rule = _rule(base, lr_rule, evals_per_run, tps)
     ffn = base.model.ffn_mult
     shapes = [(round(n), choose_shape(round(n), vocab, ffn)) for n in sizes_]

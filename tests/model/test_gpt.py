@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from ledgerlm.config import ModelConfig
-from ledgerlm.model import gpt
+from ledgerlm.model import head_loss as head_kernel
 from ledgerlm.model.attention import attention_mask
 from ledgerlm.model.gpt import GPT
 from ledgerlm.tokens.packing import batches, make_batch, pack_documents
@@ -138,7 +138,7 @@ def test_activation_checkpointing_recomputes_the_same_numbers():
 def test_head_loss_is_the_weighted_cross_entropy_of_the_logits(monkeypatch, dtype):
     """``forward(..., targets=, weights=)`` scores the head in chunks (several here) and
     gives the weighted cross-entropy of the plain logits, value and gradients."""
-    monkeypatch.setattr(gpt, "HEAD_CHUNK_BYTES", 64 * 4 * V)  # 64-row chunks: 3 of them
+    monkeypatch.setattr(head_kernel, "HEAD_CHUNK_BYTES", 64 * 4 * V)  # 64-row chunks: 3 of them
     rng = np.random.default_rng(0)
     docs = [(rng.integers(3, V, size=rng.integers(2, 12)), 0) for _ in range(30)]
     b = next(batches(list(pack_documents(docs, 65, 1, 2, 0))[:3], 3))
@@ -168,7 +168,7 @@ def test_head_loss_keeps_unweighted_rows_out_even_when_not_finite():
     weights = torch.ones(10)
     weights[[2, 7]] = 0.0
     poisoned = torch.where(weights[:, None] > 0, x, torch.tensor(float("nan")))
-    out = gpt.head_loss(poisoned, weight, targets, weights)
+    out = head_kernel.head_loss(poisoned, weight, targets, weights)
     out.backward()
     assert out.isfinite() and weight.grad.isfinite().all() and x.grad.isfinite().all()
     assert not x.grad[[2, 7]].any()

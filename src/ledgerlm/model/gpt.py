@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import sys
 
 import torch
 import torch.nn as nn
@@ -13,6 +12,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ledgerlm.config import ModelConfig
 from ledgerlm.model.attention import AttentionSpec, attend, attention_spec
+from ledgerlm.model.dtensor import assign_full, is_sharded
+from ledgerlm.model.head_loss import head_loss
 
 # What a layer receives: an AttentionSpec, or a (B, 1, T, T) bool mask (the SDPA path).
 Attn = torch.Tensor | AttentionSpec
@@ -89,99 +90,6 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-# Rows of the head scored at once by ``head_loss``: fp32 logits per chunk. On the CPU a
-# chunk that stays in cache (8 MB: 512 rows of a 4,096 vocabulary) measured fastest; on
-# an accelerator chunks only bound memory, so they are large (one chunk at the demo shape).
-HEAD_CHUNK_BYTES = 8 * 2**20
-HEAD_CHUNK_BYTES_ACCELERATOR = 512 * 2**20
-
-
-class _ChunkedHeadLoss(torch.autograd.Function):
-    """``sum_r w_r * -log softmax(x_r @ W^T)[t_r]``, a chunk of rows at a time.
-
-    The (N, V) logits are never held whole: each chunk's logits are made, scored and
-    turned into their gradient ``w * (softmax - onehot)`` in place, which goes straight
-    into the gradients of ``x`` and ``W``; the backward pass only scales those by the
-    incoming gradient. A chunk stays in the CPU's cache, where the plain path makes
-    about ten passes over the whole (N, V) array in main memory (the head matmul, the
-    log-softmax, the NLL and their gradients).
-    """
-
-    @staticmethod
-    def forward(ctx, x, weight, targets, weights, rows: int, dtype: torch.dtype):
-        # x (N, d), weight (V, d), targets and weights (N,); matmuls in ``dtype``, the
-        # softmax and the sums in fp32 (or the model's own fp64)
-        acc = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
-        with torch.autocast(x.device.type, enabled=False):
-            xc, wc, w_all = x.to(dtype), weight.to(dtype), weights.to(acc)
-            grad_x = torch.empty_like(x)
-            grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device)
-            total = torch.zeros((), dtype=torch.float64, device=x.device)
-            for start in range(0, x.shape[0], rows):
-                end = min(start + rows, x.shape[0])
-                z = (xc[start:end] @ wc.t()).to(acc)  # (c, V) logits
-                t, w = targets[start:end, None], w_all[start:end, None]
-                picked = z.gather(1, t)
-                top = z.amax(-1, keepdim=True)
-                norm = z.sub_(top).exp_().sum(-1, keepdim=True)  # z: exp(logits - top)
-                total += (w * (norm.log() + top - picked)).sum(dtype=torch.float64)
-                g = z.mul_(w / norm).scatter_add_(1, t, -w).to(dtype)  # w (softmax - onehot)
-                grad_x[start:end] = g @ wc
-                if g.dtype == acc:
-                    grad_w.addmm_(g.t(), xc[start:end])
-                else:
-                    grad_w += (g.t() @ xc[start:end]).to(acc)
-        ctx.save_for_backward(grad_x, grad_w.to(weight.dtype))
-        return total.to(acc)
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad_x, grad_w = ctx.saved_tensors
-        return grad_x * grad.to(grad_x.dtype), grad_w * grad.to(grad_w.dtype), *(None,) * 4
-
-
-def head_loss(
-    x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor
-) -> torch.Tensor:
-    """``sum(weights * -log softmax(x @ weight^T)[targets])``: a loss numerator from the
-    final hidden states x (..., d), the head ``weight`` (V, d), and targets and their
-    weights (...), without the (..., V) logits.
-
-    A position of weight 0 is zeroed before the head, so nothing it holds (even a NaN)
-    reaches the sum or the gradient. The matmuls run in the autocast dtype when autocast
-    is on; the softmax and the sums in fp32 (fp64 for an fp64 model).
-    """
-    keep = weights != 0
-    x = x.masked_fill(~keep[..., None], 0.0).reshape(-1, x.shape[-1])
-    targets = targets.masked_fill(~keep, 0).reshape(-1)
-    weights = weights.reshape(-1)
-    device = x.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-    budget = HEAD_CHUNK_BYTES if device == "cpu" else HEAD_CHUNK_BYTES_ACCELERATOR
-    rows = max(64, budget // (4 * weight.shape[0]))
-    if torch.compiler.is_compiling():  # the traced loop is unrolled: at most 16 chunks
-        rows = max(rows, -(-x.shape[0] // 16))
-    return _ChunkedHeadLoss.apply(x, weight, targets, weights, rows, dtype)
-
-
-def is_sharded(t: torch.Tensor) -> bool:
-    """Whether ``t`` is a DTensor (a parameter sharded by FSDP). Asked without importing
-    ``torch.distributed.tensor`` (half a second): no DTensor exists until it is imported."""
-    module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and isinstance(t, module.DTensor)
-
-
-def _assign(p: torch.Tensor, full: torch.Tensor) -> None:
-    """Copy a whole initial tensor into ``p``, or into its shard when ``p`` is sharded."""
-    if is_sharded(p):
-        from torch.distributed.tensor import distribute_tensor
-
-        local = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None)
-        p.to_local().copy_(local.to_local())
-    else:
-        p.copy_(full)
-
-
 def ffn_hidden(cfg: ModelConfig) -> int:
     """SwiGLU width rounded up to a multiple of 16."""
     return 16 * math.ceil(cfg.ffn_mult * cfg.d_model / 16)
@@ -246,7 +154,7 @@ class GPT(nn.Module):
             seed = hashlib.sha256(f"{base}:{name}".encode()).digest()[:8]
             g = torch.Generator().manual_seed(int.from_bytes(seed, "little") >> 1)
             full = torch.empty(p.shape, dtype=torch.float32).normal_(0, std * scale, generator=g)
-            _assign(p, full)
+            assign_full(p, full)
 
     def attention_spec(self, doc_ids: torch.Tensor, mode: str) -> AttentionSpec:
         """The batch's attention backend and mask, built once for all layers.
@@ -257,11 +165,16 @@ class GPT(nn.Module):
         head_dim = self.cfg.d_model // self.cfg.n_heads
         return attention_spec(doc_ids, mode, self.cfg.attention_backend, head_dim)
 
+    # One entry point for both results, chosen by keyword, on purpose: FSDP2 unshards
+    # the root's parameters (embedding, final norm, head) in a pre-hook of ``forward``
+    # and DDP syncs gradients around it; a second public method (``model.loss_sum``)
+    # would bypass both, and the engine (``data_parallel``) only exposes ``forward``.
     def forward(
         self,
         input_ids: torch.Tensor,
         position_ids: torch.Tensor,
         mask: Attn,
+        *,
         targets: torch.Tensor | None = None,
         weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -272,6 +185,18 @@ class GPT(nn.Module):
         ``sum(weights * -log p(targets))`` (``head_loss``: a training step's, weights 0
         at unsupervised positions), scoring the head in chunks without the logits.
         """
+        x = self.hidden_states(input_ids, position_ids, mask)
+        if targets is None:
+            return self.lm_head(x)  # (B, T, V) logits
+        if weights is None:
+            raise ValueError("targets need their weights (train.loss.objective_weights)")
+        return head_loss(x, self.lm_head.weight, targets, weights)  # () loss numerator
+
+    def hidden_states(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: Attn
+    ) -> torch.Tensor:
+        """The final normed hidden states (B, T, d) that the head scores; called inside
+        ``forward`` (where FSDP has unsharded the root's parameters)."""
         rope = rope_tables(position_ids, self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_theta)
         x = self.embed(input_ids)  # (B, T, d)
         for block in self.blocks:
@@ -279,12 +204,7 @@ class GPT(nn.Module):
                 x = checkpoint(block, x, rope, mask, use_reentrant=False)
             else:
                 x = block(x, rope, mask)
-        x = self.norm(x)
-        if targets is None:
-            return self.lm_head(x)  # (B, T, V)
-        if weights is None:
-            raise ValueError("targets need their weights (train.loss.objective_weights)")
-        return head_loss(x, self.lm_head.weight, targets, weights)  # ()
+        return self.norm(x)
 
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())

@@ -20,6 +20,7 @@ import torch
 
 from ledgerlm.config import EvalConfig
 from ledgerlm.ledger.target import meets
+from ledgerlm.model.dtensor import local_data
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.tokenizer import TokenText
 from ledgerlm.train.distributed import World
@@ -157,7 +158,7 @@ def evaluate(
 def swapped(model: torch.nn.Module, weights: list[torch.Tensor]) -> Iterator[None]:
     """``model`` with ``weights`` (its parameters' local data, in order) in place of its
     own for the length of the block; its own are put back bitwise."""
-    params = [_local(p) for p in model.parameters()]
+    params = [local_data(p) for p in model.parameters()]
     own = [p.clone() for p in params]
     with torch.no_grad():
         for p, w in zip(params, weights, strict=True):
@@ -183,12 +184,6 @@ def _reshard(model: torch.nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
-
-
-def _local(p: torch.Tensor) -> torch.Tensor:
-    """A parameter's data on this rank (its shard when it is sharded)."""
-    p = p.detach()
-    return p.to_local() if hasattr(p, "to_local") else p
 
 
 @dataclass
@@ -288,7 +283,7 @@ class EvalCallback:
         self.collect(trainer, wait=True)
         if trainer.world.distributed:
             base = {**self._base(trainer), "snapshot": weights_digest(trainer.model)}
-            weights = [_local(p).clone() for p in trainer.model.parameters()]
+            weights = [local_data(p).clone() for p in trainer.model.parameters()]
             scoring = Scoring(
                 trainer.model, self.val, self.attention, self.domains, trainer.world, self.text
             )

@@ -36,7 +36,8 @@ import torch
 
 from ledgerlm.config import Recipe
 from ledgerlm.model.attention import choose_backend
-from ledgerlm.model.gpt import GPT, HEAD_CHUNK_BYTES, HEAD_CHUNK_BYTES_ACCELERATOR, ffn_hidden
+from ledgerlm.model.gpt import GPT, ffn_hidden
+from ledgerlm.model.head_loss import HEAD_CHUNK_BYTES, HEAD_CHUNK_BYTES_ACCELERATOR
 from ledgerlm.train.distributed import World
 from ledgerlm.train.optim import muon_params
 

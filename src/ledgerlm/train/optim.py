@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ledgerlm.config import TrainConfig
-from ledgerlm.model.gpt import is_sharded
+from ledgerlm.model.dtensor import is_sharded
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:

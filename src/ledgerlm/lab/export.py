@@ -10,7 +10,7 @@ from typing import Any
 
 from ledgerlm.config import Recipe, load_recipe
 from ledgerlm.extras import check
-from ledgerlm.ledger.store import Ledger
+from ledgerlm.ledger.store import Ledger, require_ledger
 from ledgerlm.model.export import ExportError, check_target, export_hf
 from ledgerlm.model.gpt import GPT
 from ledgerlm.train.checkpoint import STATE, load_checkpoint
@@ -41,8 +41,7 @@ def load_run_model(
     checkpoint ("no checkpoint to <purpose>"), or its recipe does not match the
     checkpoint. ``before_load`` runs once the run is known to have a checkpoint and
     before the (slower) model load: a check of the caller's own."""
-    if not workspace.ledger_path.is_file():
-        raise ExportError(f"{workspace.ledger_path}: no ledger here (run something first)")
+    require_ledger(workspace.ledger_path, error=ExportError)
     with Ledger(workspace.ledger_path) as ledger:
         run_id = ledger.resolve_run(run_ref)
         tokens_version = ledger.run_summary(run_id)["run"]["tokens_version"]

@@ -40,7 +40,7 @@ from ledgerlm.lab.run import (
 )
 from ledgerlm.lab.sinks import check_sinks, open_sinks
 from ledgerlm.lab.status import interrupted
-from ledgerlm.ledger.store import Ledger, LedgerError
+from ledgerlm.ledger.store import Ledger, LedgerError, require_ledger
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.tokens.shards import TokenStore
 from ledgerlm.train.checkpoint import STATE, resolve_checkpoint
@@ -80,8 +80,7 @@ def resume_run(
     with handoff.guard():
         if callbacks and world.distributed:
             raise ValueError("extra trainer callbacks run in one process only")
-        if not workspace.ledger_path.is_file():
-            raise LedgerError(f"{workspace.ledger_path}: no ledger here (run something first)")
+        require_ledger(workspace.ledger_path)
         ledger = Ledger(workspace.ledger_path)
     try:
         with handoff.guard():

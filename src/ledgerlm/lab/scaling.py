@@ -166,11 +166,10 @@ def load_points(
         return _csv_points(Path(csv), dict(columns or {}))
 
     from ledgerlm.lab.sweep import sweep_points
-    from ledgerlm.ledger.store import Ledger
+    from ledgerlm.ledger.store import Ledger, require_ledger
 
     ws = workspace if isinstance(workspace, Workspace) else Workspace(workspace)
-    if not ws.ledger_path.is_file():
-        raise FileNotFoundError(f"{ws.ledger_path}: no ledger here (run a sweep first)")
+    require_ledger(ws.ledger_path, "run a sweep first", FileNotFoundError)
     with Ledger(ws.ledger_path) as ledger:
         if sweep:
             found = sweep_points(ledger, sweep, ws)

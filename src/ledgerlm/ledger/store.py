@@ -102,6 +102,14 @@ class LedgerBusyError(LedgerError):
     """Another process held the ledger's lock for longer than the ledger's patience."""
 
 
+def require_ledger(
+    path: Path, hint: str = "run something first", error: type[Exception] = LedgerError
+) -> None:
+    """Raise ``error`` (one line, "no ledger here", with ``hint``) unless ``path`` is a file."""
+    if not path.is_file():
+        raise error(f"{path}: no ledger here ({hint})")
+
+
 def _code(exc: sqlite3.Error) -> int:
     return int(getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
 
@@ -215,8 +223,7 @@ class Ledger:
         return conn
 
     def _open_reader(self) -> sqlite3.Connection:
-        if not self.path.is_file():
-            raise LedgerError(f"{self.path}: no ledger here (run something first)")
+        require_ledger(self.path)
         if not self.path.stat().st_size:
             raise LedgerError(f"{self.path}: empty (0 bytes): no run was ever recorded in it")
         uri = f"{self.path.resolve().as_uri()}?mode=ro"

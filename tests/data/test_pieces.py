@@ -18,9 +18,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledgerlm.config import BuiltinCorpusConfig, DataConfig, InputConfig
-from ledgerlm.data import readers
 from ledgerlm.data.pipeline import prepare_data
-from ledgerlm.data.readers import expand_inputs, read_shard, split_shards
+from ledgerlm.data.read import jsonl
+from ledgerlm.data.read import pieces as read_pieces
+from ledgerlm.data.read.find import expand_inputs
+from ledgerlm.data.read.pieces import split_shards
+from ledgerlm.data.read.reader import read_shard
+from ledgerlm.data.read.shard import Quarantined
 from ledgerlm.workspace import Workspace
 
 BUILTIN = BuiltinCorpusConfig(code_docs=1, docs_docs=1, math_docs=1)
@@ -79,7 +83,7 @@ def test_the_fast_json_parser_reads_what_json_reads(lines, bom):
         shards = expand_inputs([InputConfig(path="r.jsonl")], base)
         fast = _read(shards)
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(readers, "_orjson_loads", None)
+            mp.setattr(jsonl, "_orjson_loads", None)
             assert _read(shards) == fast
 
 
@@ -97,7 +101,7 @@ def test_cuts_are_line_starts_with_their_line_numbers(tmp_path):
         assert p.first == raw[: p.start].count(b"\n") + 1
     out = _read(pieces)
     assert out == _read([whole])
-    assert [q.line for q in out if isinstance(q, readers.Quarantined)] == [18]
+    assert [q.line for q in out if isinstance(q, Quarantined)] == [18]
     assert out[-1].id.endswith(":300")
 
 
@@ -127,7 +131,7 @@ def test_parquet_is_cut_at_row_groups(tmp_path):
     assert 3 < len(pieces) < pq.ParquetFile(tmp_path / "d.parquet").num_row_groups
     out = _read(pieces)
     assert out == _read([whole])
-    assert [q.line for q in out if isinstance(q, readers.Quarantined)] == [43]
+    assert [q.line for q in out if isinstance(q, Quarantined)] == [43]
     # a file that is not Parquet stays one piece (and one quarantined record)
     (tmp_path / "bad.parquet").write_bytes(b"not parquet at all")
     (bad,) = expand_inputs([InputConfig(path="bad.parquet")], tmp_path)
@@ -177,7 +181,7 @@ def test_output_is_the_same_whatever_the_worker_count(tmp_path, monkeypatch):
     folder = tmp_path / "in"
     folder.mkdir()
     _corpus(folder)
-    monkeypatch.setattr(readers, "PIECE_BYTES", 10_000)
+    monkeypatch.setattr(read_pieces, "PIECE_BYTES", 10_000)
     one = prepare_data(_cfg(folder, 1), Workspace(tmp_path / "one"))
     two = prepare_data(_cfg(folder, 2), Workspace(tmp_path / "two"))
     three = prepare_data(_cfg(folder, 3), Workspace(tmp_path / "three"))
@@ -193,7 +197,7 @@ def test_cutting_changes_only_how_the_rows_are_filed(tmp_path, monkeypatch):
     folder.mkdir()
     _corpus(folder)
     whole = prepare_data(_cfg(folder, 1), Workspace(tmp_path / "whole"))
-    monkeypatch.setattr(readers, "PIECE_BYTES", 10_000)
+    monkeypatch.setattr(read_pieces, "PIECE_BYTES", 10_000)
     cut = prepare_data(_cfg(folder, 2), Workspace(tmp_path / "cut"))
     assert cut.version == whole.version
     a, b = dict(whole.manifest), dict(cut.manifest)
@@ -221,7 +225,7 @@ def test_an_interrupted_cut_build_resumes(tmp_path, monkeypatch):
     folder = tmp_path / "in"
     folder.mkdir()
     _corpus(folder)
-    monkeypatch.setattr(readers, "PIECE_BYTES", 10_000)
+    monkeypatch.setattr(read_pieces, "PIECE_BYTES", 10_000)
     ws = Workspace(tmp_path / "ws")
     real = passes._clean
 
@@ -237,7 +241,7 @@ def test_an_interrupted_cut_build_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(passes, "_read", lambda *a: pytest.fail("a finished piece was redone"))
     resumed = prepare_data(_cfg(folder, 1), ws)
     monkeypatch.undo()
-    monkeypatch.setattr(readers, "PIECE_BYTES", 10_000)
+    monkeypatch.setattr(read_pieces, "PIECE_BYTES", 10_000)
     fresh = prepare_data(_cfg(folder, 1), Workspace(tmp_path / "fresh"))
     assert _files(resumed) == _files(fresh)
 
@@ -247,7 +251,7 @@ def test_ray_builds_the_same_pieces_byte_for_byte(tmp_path, monkeypatch):
     folder = tmp_path / "in"
     folder.mkdir()
     _corpus(folder)
-    monkeypatch.setattr(readers, "PIECE_BYTES", 10_000)
+    monkeypatch.setattr(read_pieces, "PIECE_BYTES", 10_000)
     local = prepare_data(_cfg(folder, 2), Workspace(tmp_path / "local"))
     cfg = _cfg(folder, 2).model_copy(update={"executor": "ray"})
     try:

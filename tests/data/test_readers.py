@@ -19,15 +19,15 @@ from hypothesis import strategies as st
 
 from ledgerlm.config import BuiltinCorpusConfig, InputConfig
 from ledgerlm.data.builtin import read_builtin, stdlib_fingerprint
-from ledgerlm.data.readers import (
+from ledgerlm.data.read.find import expand_inputs
+from ledgerlm.data.read.fingerprint import shard_fingerprint
+from ledgerlm.data.read.reader import read_shard
+from ledgerlm.data.read.shard import (
     QUARANTINE_SCHEMA,
     Quarantined,
     ReaderError,
     Shard,
-    expand_inputs,
     quarantine_table,
-    read_shard,
-    shard_fingerprint,
 )
 from ledgerlm.data.records import Document
 

@@ -16,7 +16,10 @@ from hypothesis import strategies as st
 from cli_runner import ledgerlm
 from ledgerlm.config import BuiltinCorpusConfig, DataConfig, InputConfig
 from ledgerlm.data.pipeline import DataError, prepare_data
-from ledgerlm.data.readers import Quarantined, expand_inputs, read_shard, text_pieces
+from ledgerlm.data.read.find import expand_inputs
+from ledgerlm.data.read.reader import read_shard
+from ledgerlm.data.read.shard import Quarantined
+from ledgerlm.data.read.text import text_pieces
 from ledgerlm.workspace import Workspace
 
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "hex"]

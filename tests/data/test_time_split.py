@@ -17,7 +17,9 @@ from cli_runner import ledgerlm
 from ledgerlm.config import BuiltinCorpusConfig, DataConfig, InputConfig, RecipeError, parse_time
 from ledgerlm.data.passes import held_split
 from ledgerlm.data.pipeline import DataError, check_inputs, data_version, prepare_data
-from ledgerlm.data.readers import Quarantined, expand_inputs, read_shard
+from ledgerlm.data.read.find import expand_inputs
+from ledgerlm.data.read.reader import read_shard
+from ledgerlm.data.read.shard import Quarantined
 from ledgerlm.workspace import Workspace
 
 CUT = "2024-01-01"

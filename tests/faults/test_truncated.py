@@ -15,7 +15,10 @@ import zstandard
 
 from ledgerlm.config import DataConfig, InputConfig
 from ledgerlm.data.pipeline import prepare_data
-from ledgerlm.data.readers import Quarantined, compressed_prefix, expand_inputs, read_shard
+from ledgerlm.data.read.find import expand_inputs
+from ledgerlm.data.read.reader import read_shard
+from ledgerlm.data.read.shard import Quarantined
+from ledgerlm.data.read.streams import compressed_prefix
 from ledgerlm.workspace import Workspace
 
 WORDS = [f"{a}{b}" for a in "bcdfghklmnprst" for b in ("a", "e", "io", "u", "ar", "en")]

@@ -52,7 +52,7 @@ def _context() -> multiprocessing.context.BaseContext:
 
 
 # Plain JSONL files are cut into pieces of at least this many bytes, Parquet files into
-# runs of row groups of at least this many uncompressed bytes (``readers.split_shards``),
+# runs of row groups of at least this many uncompressed bytes (``read.pieces.split_shards``),
 # so that one big file keeps every worker busy. A constant, not a function of the worker
 # count: the cuts, and with them every output file, are the same however many workers
 # read them.
@@ -76,7 +76,7 @@ def start_workers(executor: str = "local", workers: int = 0) -> None:
 def likely_parallel(paths: Sequence[str], base: str = ".") -> bool:
     """Whether inputs named by ``paths`` (files, folders or globs) probably make more
     than one shard: two files or more, or one big enough to be cut (a quarter of
-    ``PIECE_BYTES``, see ``readers.piece_size``). From names and sizes only (no file is
+    ``PIECE_BYTES``, see ``read.pieces.piece_size``). From names and sizes only (no file is
     read), for deciding early whether to ``start_workers``."""
     import glob
 

@@ -26,7 +26,9 @@ import pyarrow.parquet as pq
 from ledgerlm.config import DataConfig, InputConfig
 from ledgerlm.data.contamination import EvalSet, eval_set
 from ledgerlm.data.passes import OUTPUT_SCHEMA, doc_row
-from ledgerlm.data.readers import Quarantined, ReaderError, expand_inputs, read_shard
+from ledgerlm.data.read.find import expand_inputs
+from ledgerlm.data.read.reader import read_shard
+from ledgerlm.data.read.shard import Quarantined, ReaderError
 from ledgerlm.data.records import Document
 
 # the recipe key that fixes each split, for messages and contamination reports

@@ -36,7 +36,8 @@ from ledgerlm.data.minhash import (
     shingles_and_digests,
     word_digests,
 )
-from ledgerlm.data.readers import Quarantined, Shard, quarantine_table, read_shard
+from ledgerlm.data.read.reader import read_shard
+from ledgerlm.data.read.shard import Quarantined, Shard, quarantine_table
 from ledgerlm.data.records import DOCUMENT_SCHEMA, Document, documents_to_table, table_to_documents
 from ledgerlm.data.steps import GroupStats, apply_filters_batch
 from ledgerlm.data.templates import LineCounter, TemplateRemover

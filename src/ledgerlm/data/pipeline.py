@@ -51,14 +51,10 @@ from ledgerlm.data.passes import (
     split_of,
     write_pass,
 )
-from ledgerlm.data.readers import (
-    QUARANTINE_SCHEMA,
-    ReaderError,
-    Shard,
-    expand_inputs,
-    shard_fingerprint,
-    split_shards,
-)
+from ledgerlm.data.read.find import expand_inputs
+from ledgerlm.data.read.fingerprint import shard_fingerprint
+from ledgerlm.data.read.pieces import split_shards
+from ledgerlm.data.read.shard import QUARANTINE_SCHEMA, ReaderError, Shard
 from ledgerlm.data.templates import shard_template_lines
 from ledgerlm.data.verify import verified
 from ledgerlm.extras import check

@@ -161,3 +161,17 @@ def test_per_domain_targets_must_all_be_met() -> None:
     # a domain with no measurement never confirms
     missing = time_to_target(phases, evals, "loss", 3.0, targets={"web": 9.0})
     assert not missing.reached
+
+
+def test_a_verdict_reads_back_from_its_json_form() -> None:
+    """A run summary holds ``to_dict``'s form; ``from_dict`` gives the same verdict back,
+    per-domain targets included, and an older summary without targets reads as none."""
+    phases, evals = _run([(10.0, 1.0, 3.5), (10.0, 1.0, 2.9)])
+    for verdict in (
+        time_to_target(phases, evals, "loss", 3.0, targets={"code": 9.0}),
+        time_to_target(phases, evals, "loss", 1.0),
+    ):
+        assert TimeToTarget.from_dict(json.loads(json.dumps(verdict.to_dict()))) == verdict
+    older = time_to_target(phases, evals, "loss", 3.0).to_dict()
+    del older["targets"]
+    assert TimeToTarget.from_dict(older).targets == {}

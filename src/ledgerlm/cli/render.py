@@ -7,14 +7,19 @@ them escaped."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rich.markup import escape
 
 from ledgerlm.cli.table import FitTable
 from ledgerlm.cli.ui import fmt_seconds
-from ledgerlm.ledger.events import warnings
+from ledgerlm.ledger.events import (
+    CONTINUED_PRETRAINING,
+    TEST_EVALUATION,
+    latest_json,
+    target_contract,
+    warnings,
+)
 from ledgerlm.ledger.mixture import DOMAIN_COUNTER
 from ledgerlm.ledger.target import TimeToTarget
 
@@ -33,17 +38,7 @@ UNCOVERED_SHOWN = 0.05  # seconds between phases worth a line in `ledger show`
 
 
 def _ttt(summary: dict[str, Any]) -> TimeToTarget:
-    t = summary["time_to_target"]
-    return TimeToTarget(
-        reached=t["reached"],
-        step=t["step"],
-        seconds=t["seconds"],
-        by_phase=t["by_phase"],
-        evaluation=t["evaluation"],
-        metric=t["metric"],
-        threshold=t["threshold"],
-        targets=t.get("targets", {}),
-    )
+    return TimeToTarget.from_dict(summary["time_to_target"])
 
 
 def target_line(summary: dict[str, Any]) -> str:
@@ -51,10 +46,7 @@ def target_line(summary: dict[str, Any]) -> str:
 
 
 def contract(summary: dict[str, Any]) -> dict[str, Any] | None:
-    for event in summary["events"]:
-        if event["kind"] == "target_contract":
-            return json.loads(event["message"])
-    return None
+    return target_contract(summary)
 
 
 def funnel_rows(data_manifest: dict[str, Any]) -> list[tuple[str, int, str]]:
@@ -192,11 +184,8 @@ def target_contract_line(summary: dict[str, Any]) -> str:
 
 def continued_rows(summary: dict[str, Any]) -> tuple[str, list[dict[str, Any]]] | None:
     """The before/after rows a continued-pretraining run recorded, with its initial run."""
-    for event in summary["events"]:
-        if event["kind"] == "continued_pretraining":
-            found = json.loads(event["message"])
-            return found["init_from"], found["rows"]
-    return None
+    found = latest_json(summary, CONTINUED_PRETRAINING)
+    return None if found is None else (found["init_from"], found["rows"])
 
 
 def continued_table(init_from: str, rows: list[dict[str, Any]]) -> FitTable:
@@ -222,15 +211,14 @@ def continued_table(init_from: str, rows: list[dict[str, Any]]) -> FitTable:
 
 def test_line(summary: dict[str, Any]) -> str | None:
     """The once-only test-set figure of the final weights, when the data has a test split."""
-    for event in summary["events"]:
-        if event["kind"] == "test_evaluation":
-            found = json.loads(event["message"])
-            loss = found["metrics"].get("test/loss")
-            return (
-                f"test set (scored once, final weights at step {found['step']}): "
-                f"loss {loss:.4f} nat/token over {found['targets']:,} targets"
-            )
-    return None
+    found = latest_json(summary, TEST_EVALUATION)
+    if found is None:
+        return None
+    loss = found["metrics"].get("test/loss")
+    return (
+        f"test set (scored once, final weights at step {found['step']}): "
+        f"loss {loss:.4f} nat/token over {found['targets']:,} targets"
+    )
 
 
 def _tokens(x: float | None) -> str:

@@ -13,6 +13,7 @@ import torch
 
 from ledgerlm.config import Recipe, recipe_from_dict
 from ledgerlm.data.verify import verified as data_verified
+from ledgerlm.ledger import events
 from ledgerlm.ledger.continued import before_after
 from ledgerlm.ledger.store import Ledger, LedgerError
 from ledgerlm.tokens.loader import validation_batches
@@ -125,7 +126,6 @@ class BeforeAfter:
     def report(self, recorder: Recorder, new_after: dict[str, float]) -> list[dict]:
         sc = self.scores
         rows = before_after(sc["new_before"], new_after, sc["old_before"], sc["old_after"])
-        recorder.event(
-            "continued_pretraining", json.dumps({"init_from": self.init.run_id, "rows": rows})
-        )
+        message = json.dumps({"init_from": self.init.run_id, "rows": rows})
+        recorder.event(events.CONTINUED_PRETRAINING, message)
         return rows

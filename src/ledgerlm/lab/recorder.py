@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ledgerlm.ledger import events
 from ledgerlm.ledger.clock import PhaseClock
 from ledgerlm.ledger.store import Ledger, LedgerBusyError, OpenPhase
 from ledgerlm.report.sinks import SinkSet, failure_line
@@ -225,7 +226,7 @@ class LedgerRecorder(Recorder):
         dropped by ``SinkSet``)."""
         step = self._last[0] or None
         line = failure_line(name, exc)
-        self.ledger.add_event(self.run_id, "sink_failed", line, step=step)
+        self.ledger.add_event(self.run_id, events.SINK_FAILED, line, step=step)
         at = f" at step {step}" if step else ""
         dest = " DIR" if name == "tensorboard" else ""
         self.note(
@@ -247,7 +248,7 @@ class LedgerRecorder(Recorder):
         try:
             sinks.close(status)
             spent = {name: round(s, 6) for name, s in sinks.seconds.items()}
-            self.ledger.add_event(self.run_id, "sinks", json.dumps({"seconds": spent}))
+            self.ledger.add_event(self.run_id, events.SINKS, json.dumps({"seconds": spent}))
         except Exception:
             pass  # a ledger that cannot be written: the error in flight says why
         sinks.seconds = {}

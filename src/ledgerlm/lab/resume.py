@@ -40,6 +40,7 @@ from ledgerlm.lab.run import (
 )
 from ledgerlm.lab.sinks import check_sinks, open_sinks
 from ledgerlm.lab.status import interrupted
+from ledgerlm.ledger import events
 from ledgerlm.ledger.store import Ledger, LedgerError, require_ledger
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.tokens.shards import TokenStore
@@ -106,7 +107,7 @@ def resume_run(
             closed = ledger.close_open_phases(run_id, "resume")
             if closed:
                 message = [{k: p[k] for k in ("id", "kind", "seconds")} for p in closed]
-                ledger.add_event(run_id, "closed_open_phases", json.dumps(message))
+                ledger.add_event(run_id, events.CLOSED_OPEN_PHASES, json.dumps(message))
             ledger.finish_run(run_id, "running")
             # The wall-time budget counts the work recorded so far, not the time between
             # the kill and this resume.
@@ -142,7 +143,9 @@ def resume_run(
                 ph.step_end = step
                 cursor = saved["data"].get("cursor") or saved["data"].get("mix") if saved else None
                 ph.detail.update(step=step, cursor=cursor)
-                recorder.event("resume", f"{'restart' if restart else 'from'} step {step}", step)
+                recorder.event(
+                    events.RESUME, f"{'restart' if restart else 'from'} step {step}", step
+                )
                 if saved and saved.get("unwritten_steps"):  # a ledger locked past its timeout
                     ledger.add_steps(run_id, saved["unwritten_steps"])
                 ranks = saved.get("ranks", 1) if saved else world.size

@@ -43,7 +43,7 @@ from ledgerlm.lab.mixture import plan, use_search
 from ledgerlm.lab.recorder import LedgerRecorder
 from ledgerlm.lab.signals import received, signal_name, undisturbed
 from ledgerlm.lab.sinks import check_sinks, open_sinks
-from ledgerlm.ledger.mixture import PLAN_EVENT
+from ledgerlm.ledger import events
 from ledgerlm.ledger.store import Ledger, LedgerBusyError, LedgerError
 from ledgerlm.mixture.plan import MixturePlan
 from ledgerlm.progress import NullProgress, Progress
@@ -59,8 +59,6 @@ from ledgerlm.train.memory import check_memory
 from ledgerlm.train.record import Recorder
 from ledgerlm.train.resume import ResumedEval, save_training
 from ledgerlm.workspace import BuiltVersion, Workspace, atomic_write_text
-
-VERIFIED_EVENT = "versions_verified"
 
 
 @dataclass
@@ -125,9 +123,9 @@ def failing(recorder: LedgerRecorder) -> Iterator[None]:
                 recorder.stop()
                 stop = exc if isinstance(exc, KeyboardInterrupt) else received()
                 if stop is not None:  # the error, if another, came of the signal
-                    recorder.event("interrupted", signal_name(stop))
+                    recorder.event(events.INTERRUPTED, signal_name(stop))
                 else:
-                    recorder.event("error", f"{type(exc).__name__}: {exc}")
+                    recorder.event(events.ERROR, f"{type(exc).__name__}: {exc}")
                 recorder.ledger.finish_run(recorder.run_id, "failed")
             except LedgerError as again:
                 if not isinstance(exc, LedgerError):
@@ -261,7 +259,7 @@ def close_training(
     state = trainer.state
     recorder.start("checkpoint", state.step)
     recorder.counters(state.counters())
-    recorder.event("train_end", state.stop_reason, step=state.step)
+    recorder.event(events.TRAIN_END, state.stop_reason, step=state.step)
     folder, extra = checkpoints
     save_training(folder, trainer, extra)
     if test:
@@ -290,7 +288,7 @@ def _test_once(
         "targets": sum(b.num_targets for b in test),
         "metrics": {f"test/{k}": v for k, v in metrics.items()},
     }
-    recorder.event("test_evaluation", json.dumps(record), step=step)
+    recorder.event(events.TEST_EVALUATION, json.dumps(record), step=step)
 
 
 def process_started_at() -> float:
@@ -329,9 +327,9 @@ def record_plan(
     kept in the ledger as a ``mixture_plan`` event, with a ``mixture_warning`` event per
     domain repeated more than ``data.mixture.max_epochs`` times."""
     planned = plan(recipe, store, ranks)
-    recorder.event(PLAN_EVENT, json.dumps(planned.to_dict()))
+    recorder.event(events.MIXTURE_PLAN, json.dumps(planned.to_dict()))
     for line in planned.warnings:
-        recorder.event("mixture_warning", line)
+        recorder.event(events.MIXTURE_WARNING, line)
     return planned
 
 
@@ -354,7 +352,7 @@ def prepare_versions(
         verified=data.verified,
     )
     for line in contamination_warnings(data.manifest):
-        recorder.event("contamination", line)
+        recorder.event(events.CONTAMINATION, line)
     ph = recorder.start("tokenize")
     tokens = build_tokens(data, recipe.tokenizer, workspace, progress, verify=verify)
     ph.detail.update(
@@ -379,7 +377,7 @@ def record_verified(recorder: LedgerRecorder, *versions: BuiltVersion) -> None:
     found = {
         v.kind: {"version": v.version, "reused": v.reused, **(v.verified or {})} for v in versions
     }
-    recorder.event(VERIFIED_EVENT, json.dumps(found, sort_keys=True))
+    recorder.event(events.VERSIONS_VERIFIED, json.dumps(found, sort_keys=True))
 
 
 def run_recipe(
@@ -474,7 +472,7 @@ def run_recipe(
                 "val_unigram_entropy": sets.entropy,
                 "ranks": world.size,
             }
-            recorder.event("target_contract", json.dumps(contract))
+            recorder.event(events.TARGET_CONTRACT, json.dumps(contract))
 
             recorder.start("setup", what="model, optimizer, data stream")
             parts, _ = build_parts(recipe, store, world)

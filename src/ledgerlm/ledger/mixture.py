@@ -5,19 +5,16 @@ training (a ``mixture_plan`` event) beside the tokens it really consumed per dom
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-PLAN_EVENT = "mixture_plan"
+from ledgerlm.ledger.events import MIXTURE_PLAN, latest_json
+
 DOMAIN_COUNTER = "tokens/"  # prefix of a per-domain consumed-tokens counter
 
 
 def plan_event(summary: dict[str, Any]) -> dict[str, Any] | None:
     """The plan a run recorded before training (its ``mixture_plan`` event), if any."""
-    for event in reversed(summary.get("events", [])):
-        if event["kind"] == PLAN_EVENT:
-            return json.loads(event["message"])
-    return None
+    return latest_json(summary, MIXTURE_PLAN)
 
 
 def realised(summary: dict[str, Any]) -> list[dict[str, Any]]:

@@ -31,6 +31,20 @@ class TimeToTarget:
     threshold: float
     targets: dict[str, float] = field(default_factory=dict)  # per-domain thresholds
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TimeToTarget:
+        """The verdict back from ``to_dict`` (a run summary's ``time_to_target``)."""
+        return cls(
+            reached=d["reached"],
+            step=d["step"],
+            seconds=d["seconds"],
+            by_phase=d["by_phase"],
+            evaluation=d["evaluation"],
+            metric=d["metric"],
+            threshold=d["threshold"],
+            targets=d.get("targets", {}),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able form; an unreached run says so explicitly rather than omitting fields."""
         return {

@@ -46,6 +46,7 @@ from typing import Any, Literal
 
 from ledgerlm.config import PackConfig, TrainConfig
 from ledgerlm.extras import require
+from ledgerlm.ledger.events import target_contract
 
 RULES = Path(__file__).with_name("mlperf_rules") / "ledgerlm.yaml"
 INIT_KINDS = ("prep", "tokenize")
@@ -97,13 +98,10 @@ def _train_value(recipe: Mapping[str, Any], key: str) -> Any:
 
 
 def _contract(summary: Mapping[str, Any]) -> dict[str, Any]:
-    for event in reversed(summary.get("events") or []):
-        if event.get("kind") == "target_contract":
-            try:
-                return dict(json.loads(event["message"]))
-            except (TypeError, ValueError):
-                return {}
-    return {}
+    try:
+        return target_contract(summary) or {}
+    except (TypeError, ValueError):
+        return {}
 
 
 def _hyperparameters(recipe: Mapping[str, Any], ranks: int, c: Any) -> dict[str, Any]:

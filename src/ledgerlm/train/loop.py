@@ -17,6 +17,7 @@ import torch
 from torch.profiler import record_function
 
 from ledgerlm.config import TrainConfig
+from ledgerlm.ledger import events
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.train.distributed import World, data_parallel
 from ledgerlm.train.loss import NoTargetsError, objective_denominator, objective_weights
@@ -302,7 +303,7 @@ class Trainer:
             **self._describe(micro, placed),
         }
         self.events.append(event)
-        self.recorder.event("loss_spike", json.dumps(event), step=record.step)
+        self.recorder.event(events.LOSS_SPIKE, json.dumps(event), step=record.step)
         self.recorder.note(
             f"warning: loss spike at step {record.step}: loss {record.loss:.4g} is "
             f"{record.loss / median:.3g}x the median {median:.4g} of the previous "
@@ -325,7 +326,7 @@ class Trainer:
         }
         self.events.append(event)
         message = json.dumps(event)
-        self.recorder.event("nonfinite", message, step=record.step)
+        self.recorder.event(events.NONFINITE, message, step=record.step)
         self._consecutive_skips += 1
         if self.cfg.nonfinite == "stop":
             raise NonFiniteLossError(f"step {record.step}: non-finite values: {message}")

@@ -8,8 +8,11 @@ import json
 
 import pytest
 
-from ledgerlm.lab import lessons
-from ledgerlm.lab.lessons import LESSONS, lesson_names, run_lessons
+from ledgerlm.lessons.confirm_target import confirm_target
+from ledgerlm.lessons.dedup_target import dedup_target
+from ledgerlm.lessons.learning_rate import learning_rate
+from ledgerlm.lessons.mixture_gradient import mixture_gradient
+from ledgerlm.lessons.registry import LESSONS, lesson_names, run_lessons
 
 NAMES = ["dedup-target", "mixture-gradient", "learning-rate", "confirm-target"]
 
@@ -78,7 +81,7 @@ def test_a_wrong_expected_value_fails_the_verdict(name, key, wrong):
 
 def test_an_unknown_expected_key_is_an_error():
     with pytest.raises(ValueError, match="unknown expected value"):
-        lessons.dedup_target(expected={"median": 1})
+        dedup_target(expected={"median": 1})
 
 
 def test_dedup_target_fails_when_dedup_weights_ignore_cluster_sizes(monkeypatch):
@@ -86,7 +89,7 @@ def test_dedup_target_fails_when_dedup_weights_ignore_cluster_sizes(monkeypatch)
 
     real = budget.dedup_weights
     monkeypatch.setattr(budget, "dedup_weights", lambda sizes, mode: real(sizes, "rebalance"))
-    result = lessons.dedup_target()
+    result = dedup_target()
     assert not result.passed
     assert {c.what for c in result.checks if not c.passed} == {
         "weights = cluster size (preserve)",
@@ -103,7 +106,7 @@ def test_mixture_gradient_fails_when_the_objective_loses_its_denominator(monkeyp
         return numerator  # a sum, not a mean: the gradient grows with the batch
 
     monkeypatch.setattr(loss, "objective_loss", summed)
-    result = lessons.mixture_gradient()
+    result = mixture_gradient()
     assert not result.passed
     failed = {c.what for c in result.checks if not c.passed}
     assert "gradient of the natural objective at c = 1.1" in failed
@@ -116,7 +119,7 @@ def test_mixture_gradient_fails_when_the_plan_ignores_the_weights(monkeypatch):
     monkeypatch.setattr(
         plan, "plan_mixture", lambda pools, weights, budget: real(pools, {"web": 1.0}, budget)
     )
-    assert not lessons.mixture_gradient().passed
+    assert not mixture_gradient().passed
 
 
 def test_learning_rate_fails_when_the_schedule_shrinks_the_rate(monkeypatch):
@@ -124,7 +127,7 @@ def test_learning_rate_fails_when_the_schedule_shrinks_the_rate(monkeypatch):
 
     real = optim.lr_at
     monkeypatch.setattr(optim, "lr_at", lambda step, cfg, tokens=0: real(step, cfg) / 10)
-    result = lessons.learning_rate()
+    result = learning_rate()
     assert not result.passed
     failed = {c.what for c in result.checks if not c.passed}
     assert "lr 0.6: |theta - theta*| after 20 steps" in failed  # it no longer diverges
@@ -139,7 +142,7 @@ def test_confirm_target_fails_when_evaluations_are_not_charged(monkeypatch):
         return real([p for p in phases if p["kind"] != "eval"], evaluations, *args, **kwargs)
 
     monkeypatch.setattr(target, "time_to_target", train_only)
-    result = lessons.confirm_target()
+    result = confirm_target()
     assert not result.passed
     assert sum(not c.passed for c in result.checks) == 4  # A, B, C, D seconds
     assert sum(line.startswith("FAIL") for line in result.lines) == 4
@@ -154,7 +157,7 @@ def test_confirm_target_fails_when_a_crossing_between_evaluations_counts(monkeyp
         return real(metrics, metric, threshold + 0.3, targets)
 
     monkeypatch.setattr(target, "meets", lenient)
-    result = lessons.confirm_target()
+    result = confirm_target()
     assert not result.passed
     assert result.values["D"]["step"] == 1000  # confirmed before the record reached it
 

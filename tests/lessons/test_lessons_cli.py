@@ -1,4 +1,4 @@
-"""`ledgerlm lessons [NAME]... [--json]`: a thin command over ``lab.lessons``."""
+"""`ledgerlm lessons [NAME]... [--json]`: a thin command over ``ledgerlm.lessons``."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 
 from ledgerlm.cli.ui import JsonOpt, console, friendly_errors
-from ledgerlm.lab.lessons import LESSONS  # the registry only: no numpy or torch yet
+from ledgerlm.lessons.registry import LESSONS  # the registry only: no numpy or torch yet
 
 
 @friendly_errors
@@ -26,7 +26,7 @@ def lessons(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    from ledgerlm.lab.lessons import run_lessons
+    from ledgerlm.lessons.registry import run_lessons
 
     start = time.perf_counter()
     results = run_lessons(names)

@@ -22,8 +22,7 @@ from ledgerlm.cli.ui import (
     friendly_errors,
     load_recipe,
 )
-from ledgerlm.ledger.mixture import realised
-from ledgerlm.ledger.store import Ledger
+from ledgerlm.ledger.mixture import consumed_by_runs
 from ledgerlm.workspace import Workspace
 
 app = typer.Typer(help="Build and inspect data versions.", no_args_is_help=True)
@@ -123,7 +122,7 @@ def inspect(
     tokens that the runs on it consumed per domain (with their epochs)."""
     ws = Workspace(workspace)
     manifest = ws.manifest("data", ws.resolve_version("data", version))
-    consumed = consumed_by_runs(ws, manifest["version"])
+    consumed = consumed_by_runs(ws.ledger_path, manifest["version"])
     if as_json:
         console.print_json(json.dumps({**manifest, "consumed_by_runs": consumed}))
         return
@@ -189,21 +188,6 @@ def inspect(
         )
     if consumed:
         _consumed_table(consumed)
-
-
-def consumed_by_runs(ws: Workspace, version: str) -> list[dict]:
-    """Per run on this data version (newest first): the training tokens it consumed per
-    domain, their share and the epochs over the domain's train tokens."""
-    if not ws.ledger_path.is_file():
-        return []
-    with Ledger(ws.ledger_path) as ledger:
-        runs = [r for r in ledger.list_runs() if r["data_version"] == version]
-        out = []
-        for r in runs:
-            rows = realised(ledger.run_summary(r["id"]))
-            if rows:
-                out.append({"run": r["id"], "status": r["status"], "domains": rows})
-    return out
 
 
 def _consumed_table(consumed: list[dict]) -> None:

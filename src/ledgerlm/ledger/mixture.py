@@ -5,9 +5,11 @@ training (a ``mixture_plan`` event) beside the tokens it really consumed per dom
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ledgerlm.ledger.events import MIXTURE_PLAN, latest_json
+from ledgerlm.ledger.store import Ledger
 
 DOMAIN_COUNTER = "tokens/"  # prefix of a per-domain consumed-tokens counter
 
@@ -57,3 +59,19 @@ def realised(summary: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def consumed_by_runs(ledger_path: Path, version: str) -> list[dict]:
+    """Per run on data version ``version`` (newest first): the training tokens it
+    consumed per domain, their share and the epochs over the domain's train tokens; none
+    when there is no ledger yet."""
+    if not ledger_path.is_file():
+        return []
+    with Ledger(ledger_path) as ledger:
+        runs = [r for r in ledger.list_runs() if r["data_version"] == version]
+        out = []
+        for r in runs:
+            rows = realised(ledger.run_summary(r["id"]))
+            if rows:
+                out.append({"run": r["id"], "status": r["status"], "domains": rows})
+    return out

@@ -29,13 +29,11 @@ from ledgerlm.data.cluster import EdgeIndex, ShingleStore, UnionFind, cluster
 from ledgerlm.data.minhash import (
     PRESETS,
     LSHParams,
-    _prenormalize,
     band_keys,
     minhash_flat,
     minhash_signatures,
-    shingle_batch,
-    shingle_hashes,
 )
+from ledgerlm.data.shingles import _prenormalize, shingle_batch, shingle_hashes
 
 PARAMS = PRESETS["fineweb"]  # 5-word shingles, 14 bands x 8 rows = 112 permutations
 

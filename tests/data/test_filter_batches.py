@@ -8,7 +8,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledgerlm.config import FiltersConfig
-from ledgerlm.data.dedup import text_digest
 from ledgerlm.data.filters import (
     RepetitionFilter,
     build_filters,
@@ -16,8 +15,8 @@ from ledgerlm.data.filters import (
     top_ngram_fraction,
     top_ngram_fractions,
 )
-from ledgerlm.data.minhash import shingles_and_digests, word_digests
 from ledgerlm.data.records import Document
+from ledgerlm.data.shingles import normalize_text, shingles_and_digests, word_digests
 from ledgerlm.data.steps import GroupStats, apply_filters, apply_filters_batch
 
 WORDS = ["spam", "Spam", "eggs", "a", "b", "ß", "SS", "é", "e\u0301", "x" * 70, "1", "_"]
@@ -65,13 +64,14 @@ def test_batch_filtering_drops_and_counts_as_one_by_one(batch, data):
 
 @settings(max_examples=150, deadline=None)
 @given(batch=st.lists(texts(), max_size=40))
-def test_word_digests_group_texts_as_the_text_digest_does(batch):
-    batch = batch + batch[: len(batch) // 2]  # some exact copies
-    by_text: dict[bytes, set[int]] = {}
+def test_word_digests_group_texts_as_their_normalized_text_does(batch):
+    # some exact copies, and copies that differ in case only
+    batch = batch + batch[: len(batch) // 2] + [t.swapcase() for t in batch[::3]]
+    by_text: dict[str, set[int]] = {}
     by_words: dict[bytes, set[int]] = {}
     digests = word_digests(batch)
     for i, t in enumerate(batch):
-        by_text.setdefault(text_digest(t), set()).add(i)
+        by_text.setdefault(normalize_text(t), set()).add(i)
         by_words.setdefault(digests[i].tobytes(), set()).add(i)
     assert sorted(map(sorted, by_text.values())) == sorted(map(sorted, by_words.values()))
     if batch:

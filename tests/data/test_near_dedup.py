@@ -15,20 +15,17 @@ from hypothesis import strategies as st
 from ledgerlm.config import NearDedupConfig
 from ledgerlm.data import cluster as cluster_module
 from ledgerlm.data import minhash as mh
+from ledgerlm.data import shingles as sh
 from ledgerlm.data.cluster import EdgeIndex, ShingleStore, UnionFind, cluster
-from ledgerlm.data.dedup import normalize_text
+from ledgerlm.data.lsh_tuning import fp_fn_integrals, optimal_bands_rows, s_curve
 from ledgerlm.data.minhash import (
     PRESETS,
     LSHParams,
     band_keys,
-    fp_fn_integrals,
     minhash_signatures,
-    optimal_bands_rows,
     params_from_config,
-    s_curve,
-    shingle_batch,
-    shingle_hashes,
 )
+from ledgerlm.data.shingles import normalize_text, shingle_batch, shingle_hashes
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -156,7 +153,7 @@ def test_params_from_config():
 
 def test_unicode_whitespace_list_is_complete():
     spaces = {chr(c) for c in range(128, 0x110000) if chr(c).isspace()}
-    assert spaces == set(mh._UNICODE_SPACES)
+    assert spaces == set(sh._UNICODE_SPACES)
 
 
 @settings(max_examples=300, deadline=None)
@@ -170,7 +167,7 @@ def test_unicode_whitespace_list_is_complete():
     )
 )
 def test_prenormalize_gives_the_words_of_normalize_text(text):
-    assert mh._prenormalize(text).split() == normalize_text(text).split()
+    assert sh._prenormalize(text).split() == normalize_text(text).split()
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -206,6 +203,7 @@ def test_shingle_hash_edge_cases():
 def test_shingles_are_the_same_in_every_process():
     code = (
         "from ledgerlm.data.minhash import *;"
+        "from ledgerlm.data.shingles import shingle_hashes;"
         "import hashlib;"
         "s = shingle_hashes('the quick brown fox jumps over the lazy dog again', 3);"
         "g = minhash_signatures([s], PRESETS['fineweb']);"

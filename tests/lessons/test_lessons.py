@@ -98,6 +98,21 @@ def test_dedup_target_fails_when_dedup_weights_ignore_cluster_sizes(monkeypatch)
     }
 
 
+def test_dedup_target_fails_when_the_stage_digest_keeps_case(monkeypatch):
+    """The lesson groups records with the digest the data stage groups exact duplicates by
+    (``shingles.word_digests``): one that skips normalization splits the first two."""
+    import ledgerlm.data.shingles as shingles
+
+    real = shingles.word_digests
+    monkeypatch.setattr(
+        shingles, "word_digests", lambda texts, normalized=False: real(texts, normalized=True)
+    )
+    result = dedup_target()
+    assert not result.passed
+    failed = {c.what for c in result.checks if not c.passed}
+    assert {"exact dedup keeps targets", "cluster sizes of the kept records"} <= failed
+
+
 def test_mixture_gradient_fails_when_the_objective_loses_its_denominator(monkeypatch):
     import ledgerlm.train.loss as loss
 

@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 
 from ledgerlm.config import BuiltinCorpusConfig, ContaminationConfig, InputConfig, NearDedupConfig
-from ledgerlm.data.minhash import band_keys, minhash_flat, params_from_config, shingle_batch
+from ledgerlm.data.minhash import band_keys, minhash_flat, params_from_config
 from ledgerlm.data.read.find import expand_inputs
 from ledgerlm.data.read.reader import read_shard
 from ledgerlm.data.read.shard import Quarantined
+from ledgerlm.data.shingles import shingle_batch
 
 
 @dataclass

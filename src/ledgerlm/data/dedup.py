@@ -1,32 +1,15 @@
 """Exact deduplication on normalized text, and the keeper rules shared with near dedup.
 
-The driver holds a 16-byte digest and a rank per document (never the text);
-grouping is a sort, so memory is O(documents) and the result does not depend
-on the order in which shards finished.
+The driver holds a 16-byte digest (``shingles.word_digests``) and a rank per document
+(never the text); grouping is a sort, so memory is O(documents) and the result does not
+depend on the order in which shards finished.
 """
 
 from __future__ import annotations
 
-import hashlib
-import unicodedata
-
 import numpy as np
 
-NORMALIZATION = "nfkc+casefold+collapse-whitespace"
 KEEPERS = ("first", "longest", "newest")
-
-
-def normalize_text(text: str) -> str:
-    """Two documents that differ only in Unicode form, case or spacing are the same.
-
-    Whitespace runs become one space and the ends are stripped: ``" ".join(s.split())``
-    splits where a regex's whitespace class would (both use ``str.isspace``), 10x faster.
-    """
-    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
-
-
-def text_digest(text: str) -> bytes:
-    return hashlib.blake2b(normalize_text(text).encode("utf-8"), digest_size=16).digest()
 
 
 def keeper_rank(rule: str, chars: np.ndarray, dates: np.ndarray) -> np.ndarray:

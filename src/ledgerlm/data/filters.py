@@ -164,7 +164,7 @@ def top_ngram_fractions(
     """``top_ngram_fraction`` of every text, the same floats, for a batch at once.
 
     The Counter of n-gram tuples costs ~80 us per 1.5 KB document; here the words of a
-    batch are hashed with numpy (``minhash.word_spans``: the words of ``_words``, 64-bit
+    batch are hashed with numpy (``shingles.word_spans``: the words of ``_words``, 64-bit
     hashes), each n-gram becomes one 64-bit hash of its word hashes, and one sort by
     (document, n-gram) counts them all. The top n-gram of a document is its most frequent,
     ties going to the one seen first (as ``Counter.most_common``), and its share is
@@ -219,7 +219,7 @@ def repeated_ngram_over(
 
 
 def _top_ngram_chunk(texts: list[str], n: int, min_words: int, bound: bool = False) -> np.ndarray:
-    from ledgerlm.data.minhash import _fmix64, _shingle_multipliers, word_spans
+    from ledgerlm.data.shingles import _fmix64, _shingle_multipliers, word_spans
 
     encoded = [
         t.casefold().encode("utf-8", "surrogatepass").translate(_PUNCT_TO_SPACE) for t in texts
@@ -315,7 +315,7 @@ def _share_bounds(
     n-gram in two documents goes to two buckets (the document, times an odd constant,
     is added to its hash: distinct modulo the table size for every document).
     """
-    from ledgerlm.data.minhash import _fmix64, _shingle_multipliers
+    from ledgerlm.data.shingles import _fmix64, _shingle_multipliers
 
     m = len(words)
     mult = _shingle_multipliers(n)

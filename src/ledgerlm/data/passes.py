@@ -27,18 +27,11 @@ import pyarrow.parquet as pq
 
 from ledgerlm.config import DataConfig
 from ledgerlm.data.filters import build_filters
-from ledgerlm.data.minhash import (
-    band_keys,
-    minhash_flat,
-    params_from_config,
-    prenormalize,
-    shingle_batch,
-    shingles_and_digests,
-    word_digests,
-)
+from ledgerlm.data.minhash import band_keys, minhash_flat, params_from_config
 from ledgerlm.data.read.reader import read_shard
 from ledgerlm.data.read.shard import Quarantined, Shard, quarantine_table
 from ledgerlm.data.records import DOCUMENT_SCHEMA, Document, documents_to_table, table_to_documents
+from ledgerlm.data.shingles import prenormalize, shingle_batch, shingles_and_digests, word_digests
 from ledgerlm.data.steps import GroupStats, apply_filters_batch
 from ledgerlm.data.templates import LineCounter, TemplateRemover
 from ledgerlm.data.time_split import UNDATED, document_times, val_share

@@ -35,7 +35,7 @@ from ledgerlm.data.contamination import (
     load_eval_sets,
     near_hits,
 )
-from ledgerlm.data.dedup import NORMALIZATION, exact_keepers, group_keepers, keeper_rank
+from ledgerlm.data.dedup import exact_keepers, group_keepers, keeper_rank
 from ledgerlm.data.executor import ShardPool, start_workers
 from ledgerlm.data.held_out import FixedSplit, HeldOutError, write_fixed
 from ledgerlm.data.manifest import build_manifest
@@ -55,6 +55,7 @@ from ledgerlm.data.read.find import expand_inputs
 from ledgerlm.data.read.fingerprint import shard_fingerprint
 from ledgerlm.data.read.pieces import split_shards
 from ledgerlm.data.read.shard import QUARANTINE_SCHEMA, ReaderError, Shard
+from ledgerlm.data.shingles import NORMALIZATION
 from ledgerlm.data.templates import shard_template_lines
 from ledgerlm.data.verify import verified
 from ledgerlm.extras import check

@@ -31,12 +31,13 @@ def dedup_target(expected: Expected | None = None) -> LessonResult:
     import numpy as np
 
     from ledgerlm.data.budget import dedup_weights, weighted_mean
-    from ledgerlm.data.dedup import exact_keepers, keeper_rank, text_digest
+    from ledgerlm.data.dedup import exact_keepers, keeper_rank
+    from ledgerlm.data.shingles import word_digests
 
     checks = Checks(DEDUP_TARGET, expected)
     texts = ["The cat sleeps.", "the cat  SLEEPS.", "Rain stopped."]  # 0 and 1: one text
     y = np.array([0.0, 0.0, 2.0])
-    digests = np.frombuffer(b"".join(text_digest(t) for t in texts), dtype=np.uint64)
+    digests = word_digests(texts)  # the key the data stage groups exact duplicates by
     keepers = exact_keepers(
         digests.reshape(len(texts), 2), keeper_rank("first", [0] * 3, [None] * 3)
     )

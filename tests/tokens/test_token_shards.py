@@ -3,7 +3,8 @@ import dataclasses
 import numpy as np
 
 from ledgerlm.config import BuiltinCorpusConfig, DataConfig, EvalConfig, PackConfig, TokenizerConfig
-from ledgerlm.data.pipeline import SPLITS, iter_split, prepare_data
+from ledgerlm.data.pipeline import SPLITS, prepare_data
+from ledgerlm.data.verify import iter_split
 from ledgerlm.tokens.loader import test_batches, train_batches, validation_batches
 from ledgerlm.tokens.shards import TokenStore, build_tokens
 from ledgerlm.workspace import Workspace

@@ -84,7 +84,7 @@ def prepare(
             results = [prepare_data(cfg, Workspace(workspace), progress, verify=not no_verify)]
     for result in results:
         console.print(escape(version_line(result)))
-    from ledgerlm.data.held_out import contamination_warnings
+    from ledgerlm.data.contamination import contamination_warnings
 
     for line in contamination_warnings(results[0].manifest):
         console.print(f"[yellow]warning[/]: {escape(line)}")

@@ -106,3 +106,20 @@ def contamination_report(
             }
         )
     return {"files": files}
+
+
+def contamination_warnings(manifest: dict[str, Any]) -> list[str]:
+    """One line per fixed held-out set that shares text with the training split."""
+    report = next(s for s in manifest["steps"] if s["name"] == "contamination")
+    fixed = {v["key"] for v in manifest["split"].get("fixed", {}).values()}
+    return [
+        f"{f['contaminated']}/{f['examples']} examples of {f['eval_file']} overlap the "
+        f"training text ({report.get('ngram')}-gram or near duplicate); "
+        + (
+            "the overlapping training documents were dropped"
+            if report.get("drop")
+            else "set data.contamination.drop = true to drop them from training"
+        )
+        for f in report["files"]
+        if f["eval_file"] in fixed and f["contaminated"]
+    ]

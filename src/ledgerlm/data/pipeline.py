@@ -549,10 +549,3 @@ def _near_clusters(cfg, shards, offsets, exact, work) -> tuple[np.ndarray, dict[
         "verify": cfg.near_dedup.verify,
         **result.to_dict(),
     }
-
-
-def iter_split(data_dir: Path, manifest: dict[str, Any], split: str):
-    """Stream one split of a data version shard by shard (pyarrow Tables)."""
-    for f in manifest["files"]:
-        if f["split"] == split:
-            yield read_parquet(data_dir / f["path"])

@@ -4,7 +4,8 @@ Always (cheap: the manifest, file sizes and Parquet footers): every listed shard
 readable Parquet file of the size and row count the manifest gives, the rows per split
 add up to the manifest's counts, and the counts to its conservation equation. With
 ``content`` each shard is also hashed against the sha256 stored when it was written.
-Any disagreement is a ``DamagedVersion`` naming the file and what differs.
+Any disagreement is a ``DamagedVersion`` naming the file and what differs. Once
+checked, a version's splits are read shard by shard with ``iter_split``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from ledgerlm.data.passes import SPLITS
+from ledgerlm.data.passes import SPLITS, read_parquet
 from ledgerlm.workspace import MANIFEST, BuiltVersion, DamagedVersion, file_sha256
 
 _JSON_NAMES = {dict: "object", list: "list", int: "integer", str: "string"}
@@ -122,3 +123,10 @@ def verified(built: BuiltVersion, content: bool = True) -> BuiltVersion:
     """``built`` (a reused data version) once checked, with what the check found."""
     report = verify_data(built.path, built.manifest, content)
     return dataclasses.replace(built, verified=report, seconds=built.seconds + report["seconds"])
+
+
+def iter_split(data_dir: Path, manifest: dict[str, Any], split: str):
+    """Stream one split of a data version shard by shard (pyarrow Tables)."""
+    for f in manifest["files"]:
+        if f["split"] == split:
+            yield read_parquet(data_dir / f["path"])

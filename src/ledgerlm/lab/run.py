@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ledgerlm.config import Recipe, recipe_from_dict, recipe_to_toml
-from ledgerlm.data.held_out import contamination_warnings
+from ledgerlm.data.contamination import contamination_warnings
 from ledgerlm.data.pipeline import check_inputs, prepare_data
 from ledgerlm.lab.build import (
     Parts,
@@ -52,12 +52,12 @@ from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.shards import TokenStore, build_tokens
 from ledgerlm.tokens.tokenizer import tokenizer_file
 from ledgerlm.train.checkpoint import load_checkpoint
+from ledgerlm.train.checkpointing import ResumedEval, save_training
 from ledgerlm.train.distributed import PeerLostError, World, one_process, watching_peers
 from ledgerlm.train.evaluate import EvalCallback, evaluate, unigram_entropy, weights_digest
 from ledgerlm.train.loop import Trainer
 from ledgerlm.train.memory import check_memory
 from ledgerlm.train.record import Recorder
-from ledgerlm.train.resume import ResumedEval, save_training
 from ledgerlm.workspace import BuiltVersion, Workspace, atomic_write_text
 
 

@@ -21,7 +21,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ledgerlm.config import TokenizerConfig
-from ledgerlm.data.pipeline import SPLITS, iter_split
+from ledgerlm.data.passes import SPLITS
+from ledgerlm.data.verify import iter_split
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.tokens.tokenizer import (
     TokenText,

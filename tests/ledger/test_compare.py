@@ -9,7 +9,14 @@ import pytest
 
 from cli_runner import TINY, ledgerlm
 from ledgerlm.ledger import Ledger
-from ledgerlm.ledger.compare import NO_TEST, RULE, compare_runs, recipe_diff, train_step_seconds
+from ledgerlm.ledger.compare import (
+    NO_TEST,
+    RULE,
+    compare_runs,
+    flatten,
+    recipe_diff,
+    train_step_seconds,
+)
 from ledgerlm.workspace import Workspace
 from seed_ledger import seed_run
 
@@ -182,6 +189,16 @@ def test_recipe_diff_and_empty_input() -> None:
     ]
     with pytest.raises(ValueError, match="at least one run"):
         compare_runs([])
+
+
+def test_an_empty_recipe_section_is_no_difference_of_its_own() -> None:
+    # eval.targets = {} beside a filled one: the added key differs, the empty table not
+    base, other = {"eval": {"targets": {}}}, {"eval": {"targets": {"loss/code": 3.0}}}
+    assert recipe_diff(base, other) == ["eval.targets.loss/code: - -> 3.0"]
+    assert recipe_diff(base, {}) == []
+    # the report's legend labels and the sinks' parameters keep the empty table as a key
+    assert flatten(base) == {"eval.targets": {}}
+    assert flatten(base, keep_empty=False) == {}
 
 
 # -- the command line -------------------------------------------------------------------

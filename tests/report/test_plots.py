@@ -116,7 +116,7 @@ def test_the_page_inlines_plotlyjs_once_and_draws_every_figure() -> None:
 
 def test_importing_the_reports_does_not_import_plotly() -> None:
     code = (
-        "import sys, ledgerlm.report.run_report, ledgerlm.report.scaling_report; "
+        "import sys, ledgerlm.report.run.page, ledgerlm.report.scaling_report; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'plotly'))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -17,13 +17,13 @@ from finite import assert_finite
 from ledgerlm.ledger import Ledger
 from ledgerlm.ledger.compare import NO_TEST, RULE
 from ledgerlm.report.plots import LOG_TICKS, lines
-from ledgerlm.report.run_report import (
+from ledgerlm.report.run.labels import recipe_labels
+from ledgerlm.report.run.page import render_report
+from ledgerlm.report.run.series import (
     MAX_POINTS,
     SMOOTHING,
     ema,
     eval_seconds,
-    recipe_labels,
-    render_report,
     thin,
     tokens_per_second,
 )

@@ -19,7 +19,7 @@ from cli_runner import TINY
 from ledgerlm.config import load_recipe
 from ledgerlm.lab.run import run_recipe
 from ledgerlm.ledger import Ledger
-from ledgerlm.report.run_report import render_report
+from ledgerlm.report.run.page import render_report
 from ledgerlm.workspace import Workspace
 from report_helpers import (
     axis_titles,

@@ -121,12 +121,13 @@ def steps(
 ) -> None:
     """The per-update series of one run: tokens, targets, loss, grad norm, learning rate,
     seconds and tokens per second of every optimizer update."""
+    from ledgerlm.ledger.steps import throughput
+
     with _open(workspace) as ledger:
         run_id = ledger.resolve_run(run)
         rows = ledger.steps(run_id)
     for r in rows:
-        s = r["seconds"]
-        r["tokens_per_second"] = r["tokens"] / s if s else None
+        r["tokens_per_second"] = throughput(r)
     if as_json:
         console.print_json(json.dumps({"run": run_id, "steps": rows}))
         return
@@ -172,7 +173,7 @@ def compare(
     train.seed as mean, min-max, std. The rule is printed with the table.
     """
     from ledgerlm.cli.ui import fmt_seconds
-    from ledgerlm.ledger.compare import compare_runs
+    from ledgerlm.ledger.compare import TABLE_COLUMNS, compare_runs, comparison_rows, seed_spread
 
     with _open(workspace) as ledger:
         ids = list(dict.fromkeys(ledger.resolve_run(ref) for ref in runs))
@@ -181,36 +182,18 @@ def compare(
         console.print_json(json.dumps(result))
         return
 
-    def num(v, fmt: str = ",") -> str:
-        return "-" if v is None else format(v, fmt)
-
-    def pct(v) -> str:
-        return "-" if v is None else f"{100 * v:.1f}%"
-
-    verdicts = {c["run"]: c for c in result["comparisons"]}
     t = FitTable(title="time to target, against the first run", show_edge=False)
-    for col in ("run", "seed", "time to target", "step", "tokens", "updates", "s/step"):
-        t.add_column(col, justify="left" if col == "run" else "right")
-    for col in ("prep", "tokenize", "eval", "checkpoint", "vs baseline"):
-        t.add_column(col, justify="left" if col == "vs baseline" else "right")
-    for f in result["runs"]:
-        c = verdicts.get(f["id"])
-        if f["reached"]:
-            ttt = fmt_seconds(f["time_to_target"])
-        elif f["final_value"] is not None:  # how far it got
-            ttt = f"[red]not reached[/] (final {f['final_value']:.4f})"
+    for col in TABLE_COLUMNS:
+        t.add_column(col, justify="left" if col in ("run", "vs baseline") else "right")
+    for row in comparison_rows(result):
+        if row["reached"]:
+            ttt = fmt_seconds(row["time_to_target"])
+        elif row["final_value"] is not None:  # how far it got
+            ttt = f"[red]not reached[/] (final {row['final_value']:.4f})"
         else:
             ttt = "[red]not reached[/]"
         t.add_row(
-            escape(f["id"]),
-            escape(str(f["seed"])),
-            ttt,
-            num(f["steps_to_target"]),
-            num(f["tokens_to_target"]),
-            num(f["updates_to_target"]),
-            num(f["train_step_seconds"], ".4f"),
-            *(pct(f["shares"].get(k)) for k in ("prep", "tokenize", "eval", "checkpoint")),
-            "baseline" if c is None else escape(c["class"]),
+            escape(row["run"]), escape(row["seed"]), ttt, *row["cells"], escape(row["verdict"])
         )
     console.print(t)
     for c in result["comparisons"]:
@@ -232,17 +215,10 @@ def compare(
     for g in result["seed_groups"]:
         if g["n"] < 2:
             continue
-        s = g["time_to_target"]
-        spread = (
-            "none reached the target"
-            if s["n"] == 0
-            else f"time to target mean {s['mean']:,.1f} s, min-max {s['min']:,.1f}-"
-            f"{s['max']:,.1f} s, std {num(s['std'], ',.1f')} s (n={s['n']})"
-        )
         console.print(
             f"seed group {escape(str(g['group']))}: {g['n']} runs, seeds "
             f"{escape(', '.join(map(str, g['seeds'])))}, reached {g['n_reached']}/{g['n']}; "
-            f"{spread}",
+            f"{seed_spread(g)}",
             highlight=False,
         )
     console.print(escape(result["final_figure"]), highlight=False)

@@ -31,7 +31,7 @@ def report(
     Interactive charts (hover, zoom, log y), legends naming what differs between the
     recipes. One file: plotly.js is inlined, nothing is fetched.
     """
-    from ledgerlm.report.run_report import render_report
+    from ledgerlm.report.run.page import render_report
 
     with Ledger(Workspace(workspace).ledger_path, read_only=True) as ledger:
         ids = list(dict.fromkeys(ledger.resolve_run(ref) for ref in runs))

@@ -49,7 +49,9 @@ SHARE_KINDS = ("prep", "tokenize", "eval", "checkpoint")
 _TEST_METRIC = re.compile(r"^test($|[/_.:-])")
 
 
-def _finite(value: Any) -> float | None:
+def finite(value: Any) -> float | None:
+    """``value`` as a float when it is a finite number (not a bool), else ``None``: how a
+    ledger value that failed to compute (null, NaN, inf) reads."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value) if math.isfinite(value) else None
@@ -67,13 +69,13 @@ def train_step_seconds(summary: Mapping[str, Any]) -> tuple[float | None, int | 
     for phase in summary.get("phases", []):
         if phase.get("kind") != "train":
             continue
-        s, a, b = _finite(phase.get("seconds")), phase.get("step_start"), phase.get("step_end")
+        s, a, b = finite(phase.get("seconds")), phase.get("step_start"), phase.get("step_end")
         if s is None or a is None or b is None:
             continue
         seconds += s
         updates += int(b) - int(a)
     if updates <= 0:
-        total = _finite(summary.get("phase_totals", {}).get("train"))
+        total = finite(summary.get("phase_totals", {}).get("train"))
         counted = summary.get("counters", {}).get("optimizer_updates")
         if total is None or not counted:
             return None, None
@@ -94,18 +96,23 @@ def _seed(recipe: Mapping[str, Any]) -> Any:
     return train.get("seed") if isinstance(train, Mapping) else None
 
 
-def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(obj, Mapping):
-        out: dict[str, Any] = {}
-        for k, v in obj.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: obj}
+def flatten(tree: Mapping[str, Any], prefix: str = "", keep_empty: bool = True) -> dict[str, Any]:
+    """A nested recipe as dotted keys: ``{"train": {"lr": 0.01}}`` -> ``{"train.lr": 0.01}``.
+
+    An empty section (``eval.targets = {}``) is a key of its own with ``{}`` as its
+    value, or no key at all with ``keep_empty=False``."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, f"{prefix}{key}.", keep_empty))
+        elif keep_empty or not isinstance(value, Mapping):
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def recipe_diff(base: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
     """``key: old -> new`` for every recipe value that differs (dotted keys, sorted)."""
-    a, b = _flatten(base), _flatten(other)
+    a, b = flatten(base, keep_empty=False), flatten(other, keep_empty=False)
     missing = object()
     lines = []
     for key in sorted(set(a) | set(b)):
@@ -187,7 +194,7 @@ def final_value(summary: Mapping[str, Any]) -> float | None:
     if not evaluations:
         return None
     last = max(evaluations, key=lambda ev: ev["step"])["metrics"]
-    return _finite(last.get(summary["run"].get("target_metric")))
+    return finite(last.get(summary["run"].get("target_metric")))
 
 
 def final_domain_losses(summary: Mapping[str, Any]) -> dict[str, float | None]:
@@ -196,9 +203,7 @@ def final_domain_losses(summary: Mapping[str, Any]) -> dict[str, float | None]:
     if not evaluations:
         return {}
     last = max(evaluations, key=lambda ev: ev["step"])["metrics"]
-    return {
-        k.split("/", 1)[1]: _finite(v) for k, v in sorted(last.items()) if k.startswith("loss/")
-    }
+    return {k.split("/", 1)[1]: finite(v) for k, v in sorted(last.items()) if k.startswith("loss/")}
 
 
 def domain_deltas(base: Mapping[str, Any], other: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -336,7 +341,7 @@ def _final_figure(base: Mapping[str, Any], other: Mapping[str, Any]) -> str:
         return NO_TEST
     name = "test/loss" if "test/loss" in names else names[0]
     a, b = base["test"]["metrics"][name], other["test"]["metrics"][name]
-    if _finite(a) is None or _finite(b) is None:
+    if finite(a) is None or finite(b) is None:
         return NO_TEST
     return f"final figure: {name} {b:.4f} vs {a:.4f} (baseline), delta {b - a:+.4f}"
 
@@ -368,3 +373,62 @@ def compare_runs(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "comparisons": comparisons,
         "seed_groups": seed_groups(summaries, figures),
     }
+
+
+# The comparison table's columns, as ``ledger compare`` and the run report head it.
+TABLE_COLUMNS = (
+    "run", "seed", "time to target", "step", "tokens", "updates", "s/step", *SHARE_KINDS,
+    "vs baseline",
+)  # fmt: skip
+
+
+def _count(value: Any, fmt: str = ",") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def comparison_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The rows of the comparison table of a ``compare_runs`` result, the baseline first.
+
+    Each row holds the run's id and seed (as text), whether it reached the target, its
+    time to target and final value (each renderer words those its own way), ``cells``:
+    the text of the columns from ``step`` to ``checkpoint`` (``-`` where unknown), its
+    verdict against the baseline (``"baseline"`` for the baseline) and ``comparison``,
+    that run's entry of ``result["comparisons"]`` (``None`` for the baseline)."""
+    verdicts = {c["run"]: c for c in result["comparisons"]}
+    rows = []
+    for f in result["runs"]:
+        c = verdicts.get(f["id"])
+        rows.append(
+            {
+                "run": f["id"],
+                "seed": str(f["seed"]),
+                "reached": f["reached"],
+                "time_to_target": f["time_to_target"],
+                "final_value": f.get("final_value"),
+                "cells": [
+                    _count(f["steps_to_target"]),
+                    _count(f["tokens_to_target"]),
+                    _count(f["updates_to_target"]),
+                    _count(f["train_step_seconds"], ".4f"),
+                    *(_share(f["shares"].get(k)) for k in SHARE_KINDS),
+                ],
+                "verdict": "baseline" if c is None else c["class"],
+                "comparison": c,
+            }
+        )
+    return rows
+
+
+def seed_spread(group: Mapping[str, Any]) -> str:
+    """A seed group's time to target in words: mean, min-max, sample std and n."""
+    s = group["time_to_target"]
+    if s["n"] == 0:
+        return "none reached the target"
+    return (
+        f"time to target mean {s['mean']:,.1f} s, min-max {s['min']:,.1f}-"
+        f"{s['max']:,.1f} s, std {_count(s['std'], ',.1f')} s (n={s['n']})"
+    )

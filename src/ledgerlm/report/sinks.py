@@ -43,6 +43,8 @@ from typing import Any, Literal, Protocol, get_args
 
 from ledgerlm.config import LogConfig
 from ledgerlm.extras import available, missing_message
+from ledgerlm.ledger.compare import flatten
+from ledgerlm.ledger.steps import throughput
 
 # the sinks a recipe may name; each is also the module its library installs and the extra
 KINDS: tuple[str, ...] = get_args(get_args(LogConfig.model_fields["sinks"].annotation)[0])
@@ -109,17 +111,13 @@ def _ms(at: float | None) -> int:
     return round(1000 * (time.time() if at is None else at))
 
 
-def flat_params(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
+def flat_params(tree: dict[str, Any]) -> dict[str, str]:
     """``{"train": {"lr": 0.003}}`` as ``{"train.lr": "0.003"}``: strings as they are,
     anything else (numbers, lists, null) as JSON."""
-    out: dict[str, str] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.update(flat_params(value, f"{name}."))
-        else:
-            out[name] = value if isinstance(value, str) else json.dumps(value, default=str)
-    return out
+    return {
+        name: value if isinstance(value, str) else json.dumps(value, default=str)
+        for name, value in flatten(tree).items()
+    }
 
 
 def step_scalars(row: dict[str, Any]) -> dict[str, float]:
@@ -129,8 +127,8 @@ def step_scalars(row: dict[str, Any]) -> dict[str, float]:
         "train/grad_norm": float(row["grad_norm"]),
         "train/lr": float(row["lr"]),
     }
-    if row.get("seconds"):
-        out["train/tokens_per_s"] = float(row["tokens"]) / float(row["seconds"])
+    if (rate := throughput(row)) is not None:
+        out["train/tokens_per_s"] = rate
     return out
 
 

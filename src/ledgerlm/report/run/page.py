@@ -1,0 +1,120 @@
+"""The run report's page: the runs listed with their verdicts, then the figures and
+tables in order."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ledgerlm.ledger.compare import compare_runs, finite
+from ledgerlm.report.plots import e, figure_html, page
+from ledgerlm.report.run.figures import (
+    BPB_UNIT,
+    TOKENS,
+    UPDATE_PANELS,
+    UPDATES,
+    WALL_TIME,
+    bpb_figure,
+    has_bpb,
+    phase_figure,
+    target_unit,
+    unit_groups,
+    update_figure,
+    validation_figure,
+    validation_title,
+)
+from ledgerlm.report.run.labels import recipe_labels
+from ledgerlm.report.run.series import MAX_POINTS, SMOOTHING
+from ledgerlm.report.run.tables import comparison_html, mixture_html, swatch
+
+
+def _run_list(summaries: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> str:
+    items = []
+    for i, (s, label) in enumerate(zip(summaries, labels, strict=True)):
+        r, ttt = s["run"], s["time_to_target"]
+        verdict = (
+            f"target reached at step {ttt['step']} after {ttt['seconds']:,.1f} s"
+            if ttt["reached"]
+            else "target NOT reached"
+        )
+        last = s["evaluations"][-1]["metrics"] if s["evaluations"] else {}
+        if finite(last.get("bpb")) is not None:  # comparable across tokenizers
+            verdict += f"; final validation {last['bpb']:.4f} bits per byte"
+        items.append(
+            f"<li>{swatch(i)}<b>{e(r['id'])}</b> [{e(label)}] (recipe {e(r.get('name'))}, "
+            f"status {e(r.get('status'))}): val {e(r['target_metric'])} &lt;= "
+            f"{e(format(r['target_value'], 'g'))} {e(target_unit(s))}; {e(verdict)}</li>"
+        )
+    return f"<ul class='runs'>{''.join(items)}</ul>"
+
+
+def render_report(
+    summaries: list[dict],
+    steps: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+) -> str:
+    """The whole report page for ``summaries`` (``Ledger.run_summary`` dicts), as HTML.
+
+    ``steps``: per run id, its per-update rows (``Ledger.steps``) for the training loss,
+    learning rate, grad norm and throughput panels; without them the page says so."""
+    if not summaries:
+        raise ValueError("a report needs at least one run")
+    steps = steps or {}
+    result = compare_runs(summaries)
+    labels = recipe_labels(summaries)
+    sections = [
+        "<p>Each evaluation is a point; the dashed black line is the target; a ring marks "
+        "the evaluation that first confirmed it (time-to-target ends there). Legend labels "
+        "name the recipe keys that differ between the runs; hover a point for its run id, "
+        "drag to zoom (double-click resets), click a legend entry to hide a run. The first "
+        "run is the baseline of the comparison.</p>",
+        _run_list(summaries, labels),
+    ]
+    charts = (
+        ("seconds", WALL_TIME, "wall time (all phases up to the evaluation)"),
+        ("tokens", TOKENS, "tokens seen"),
+        ("updates", UPDATES, "optimizer updates"),
+    )
+    for k, (unit, runs) in enumerate(unit_groups(summaries).items()):
+        title = validation_title(summaries, runs)
+        suffix = "" if k == 0 else "-" + re.sub(r"[^a-z0-9]+", "-", unit.lower()).strip("-")
+        for x, x_title, heading in charts:
+            fig = validation_figure(summaries, labels, x, x_title, runs)
+            sections.append(
+                f"<h2>{e(title[0].upper() + title[1:])} against {e(heading)}</h2>"
+                + figure_html(f"val-{x}{suffix}", fig)
+            )
+    # The bits per byte of every run, unless the charts above drew just that already.
+    if has_bpb(summaries) and any(s["run"]["target_metric"] != "bpb" for s in summaries):
+        sections.append(
+            f"<h2>Validation bits per byte ({BPB_UNIT}) against tokens seen</h2>"
+            + figure_html("bpb-tokens", bpb_figure(summaries, labels))
+        )
+    sections.append("<h2>Training, per optimizer update</h2>")
+    if any(steps.get(s["run"]["id"]) for s in summaries):
+        longest = max(len(steps.get(s["run"]["id"]) or []) for s in summaries)
+        thinned = (
+            f" Runs with more than {MAX_POINTS:,} updates are drawn from {MAX_POINTS:,} "
+            "evenly spaced updates; the average runs over all of them."
+            if longest > MAX_POINTS
+            else ""
+        )
+        sections.append(
+            "<p>Faint lines are the values recorded at each update, solid lines their "
+            f"exponential moving average (weight {SMOOTHING:g}, debiased at the start, as "
+            "TensorBoard smooths). The grad norm is the L2 norm before clipping; throughput "
+            f"is each update's tokens over its wall seconds.{thinned}</p>"
+        )
+        for panel in UPDATE_PANELS:
+            sections.append(figure_html(panel[0], update_figure(summaries, labels, steps, panel)))
+    else:
+        sections.append('<p class="note">No per-update rows were given for these runs.</p>')
+    sections += [
+        "<h2>Time per phase</h2>",
+        figure_html("phases", phase_figure(summaries)),
+        mixture_html(summaries),
+        "<h2>Comparison</h2>",
+        comparison_html(result),
+    ]
+    title = f"ledgerlm report: {len(summaries)} run(s)"
+    return page(title, f"<h1>{e(title)}</h1>{''.join(sections)}")

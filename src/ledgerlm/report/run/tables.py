@@ -1,0 +1,99 @@
+"""The run report's HTML tables: the mixture (configured beside consumed) and the
+comparison of ``ledger compare``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ledgerlm.ledger.compare import TABLE_COLUMNS, comparison_rows, final_domain_losses, seed_spread
+from ledgerlm.ledger.mixture import realised
+from ledgerlm.report.plots import e, run_color
+
+
+def _num(v: Any, fmt: str = ",") -> str:
+    return "-" if v is None else e(format(v, fmt))
+
+
+def swatch(i: int) -> str:
+    return f'<span class="swatch" style="background:{run_color(i)}"></span>'
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "compare") -> str:
+    """A table in a box that scrolls sideways itself, so the page never does."""
+    return (
+        f'<div class="scroll"><table class="{cls}"><thead><tr>'
+        + "".join(f"<th>{e(h)}</th>" for h in head)
+        + "</tr></thead><tbody>"
+        + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+        + "</tbody></table></div>"
+    )
+
+
+def comparison_html(result: Mapping[str, Any]) -> str:
+    """The table of ``ledger compare`` (``comparison_rows``), with why each run is
+    classed as it is, then the seed groups, the final figure and the rule."""
+    rows = []
+    for i, row in enumerate(comparison_rows(result)):
+        c = row["comparison"]
+        if row["reached"]:
+            ttt = f"{row['time_to_target']:,.1f} s"
+        elif row["final_value"] is not None:
+            ttt = f"not reached (final {row['final_value']:.4f})"
+        else:
+            ttt = "not reached"
+        why = "" if c is None else c["reason"]
+        if c is not None and c["recipe_diff"]:
+            why += "; recipe: " + "; ".join(c["recipe_diff"][:6])
+            if len(c["recipe_diff"]) > 6:
+                why += f"; ... {len(c['recipe_diff']) - 6} more"
+        rows.append(
+            [
+                swatch(i) + e(row["run"]),
+                e(row["seed"]),
+                e(ttt),
+                *(e(cell) for cell in row["cells"]),
+                e(row["verdict"]),
+                e(why),
+            ]
+        )
+    groups = []
+    for g in result["seed_groups"]:
+        if g["n"] < 2:
+            continue
+        seeds = ", ".join(str(x) for x in g["seeds"])
+        groups.append(
+            f"<li>{e(', '.join(g['runs']))} (seeds {e(seeds)}): reached "
+            f"{g['n_reached']}/{g['n']}; {e(seed_spread(g))}</li>"
+        )
+    out = _table((*TABLE_COLUMNS, "why"), rows)
+    if groups:
+        out += "<h3>Seed groups</h3><ul>" + "".join(groups) + "</ul>"
+    out += f'<p class="final">{e(result["final_figure"])}</p>'
+    out += f'<p class="rule"><b>Rule.</b> {e(result["rule"])}</p>'
+    return out
+
+
+def mixture_html(summaries: Sequence[Mapping[str, Any]]) -> str:
+    """Per run and domain: the configured weight beside the tokens consumed, their share
+    and the epochs over the domain's train tokens; and each domain's final validation
+    loss. Empty when no run counted tokens per domain."""
+    head = ("run", "domain", "weight", "consumed tokens", "share", "epochs", "final val loss")
+    rows = []
+    for i, s in enumerate(summaries):
+        finals = final_domain_losses(s)
+        for r in realised(s):
+            rows.append(
+                [
+                    swatch(i) + e(s["run"]["id"]),
+                    e(r["domain"]),
+                    _num(r["weight"], ".4f"),
+                    _num(r["tokens"]),
+                    _num(r["share"], ".4f"),
+                    _num(r["exposure"], ".3g"),
+                    _num(finals.get(r["domain"]), ".4f"),
+                ]
+            )
+    if not rows:
+        return ""
+    return "<h2>Mixture: configured and consumed</h2>" + _table(head, rows)

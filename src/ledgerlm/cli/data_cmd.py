@@ -71,8 +71,8 @@ def prepare(
     cfg = loaded.data_stage()
     if likely_parallel([i.path for i in cfg.inputs()]):
         start_workers(cfg.executor, cfg.workers)  # they start while the data stage imports
+    from ledgerlm.data.pandas_probe import skip_pandas_probe
     from ledgerlm.data.pipeline import prepare_data
-    from ledgerlm.data.records import skip_pandas_probe
 
     skip_pandas_probe()  # this process only runs the data stage
     with RichProgress() as progress:

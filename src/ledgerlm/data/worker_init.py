@@ -7,7 +7,7 @@ import pyarrow.compute  # noqa: F401  (the write pass takes rows: 0.1 s to impor
 
 from ledgerlm.data import passes  # noqa: F401  (numpy, pyarrow, the passes, the readers they call)
 from ledgerlm.data.executor import die_with_parent
-from ledgerlm.data.records import skip_pandas_probe
+from ledgerlm.data.pandas_probe import skip_pandas_probe
 
 die_with_parent()
 skip_pandas_probe()

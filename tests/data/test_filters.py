@@ -12,22 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledgerlm.config import FiltersConfig
-from ledgerlm.data.filters import (
-    LengthFilter,
-    RepetitionFilter,
-    ScriptFilter,
-    SymbolRatioFilter,
-    build_filters,
-    dominant_script,
-    duplicate_line_fraction,
-    symbol_ratio,
-    top_ngram_fraction,
-)
+from ledgerlm.data.filters import build_filters
+from ledgerlm.data.filters.length import LengthFilter
+from ledgerlm.data.filters.ngrams import top_ngram_fraction
+from ledgerlm.data.filters.repetition import RepetitionFilter, duplicate_line_fraction
+from ledgerlm.data.filters.script import ScriptFilter, dominant_script
+from ledgerlm.data.filters.symbols import SymbolRatioFilter, symbol_ratio
 from ledgerlm.data.records import Document
 from ledgerlm.data.steps import (
     Filter,
     GroupStats,
-    apply_filters,
+    apply_filters_batch,
     date_bucket,
     group_of,
     length_bucket,
@@ -201,7 +196,7 @@ def test_buckets_and_groups():
 
 def _run(docs: list[Document], filters) -> tuple[GroupStats, int]:
     stats = GroupStats()
-    kept = sum(apply_filters(filters, d, stats) is None for d in docs)
+    kept = sum(dropped is None for dropped in apply_filters_batch(filters, docs, stats))
     return stats, kept
 
 
@@ -272,8 +267,7 @@ def test_group_stats_rows_are_sorted_and_explain_each_drop():
         Document(id="c", text="spam " * 100, source="web", domain="news", lang="en"),
         Document(id="d", text="ok", source="books", domain="fiction"),
     ]
-    for d in docs:
-        apply_filters(FILTERS, d, stats)
+    apply_filters_batch(FILTERS, docs, stats)
     rows = stats.rows()
     keys = [
         (r["step"], r["source"], r["domain"], r["lang"], r["length_bucket"], r["date_bucket"])

@@ -43,7 +43,9 @@ class Filter(Protocol):
     """A document filter: pure, picklable, and honest about why it drops.
 
     ``check`` returns None to keep a document, else a short reason slug (``too_short``)
-    that ends up in the report next to the group it came from.
+    that ends up in the report next to the group it came from. The data stage calls
+    ``check_batch``; a filter subclasses this protocol to inherit its default, and
+    overrides it when a batch is cheaper at once (the repetition filter's n-gram shares).
     """
 
     name: str
@@ -51,6 +53,10 @@ class Filter(Protocol):
     def params(self) -> dict[str, Any]: ...
 
     def check(self, doc: Document) -> str | None: ...
+
+    def check_batch(self, docs: list[Document]) -> list[str | None]:
+        """``check`` of every document, in order."""
+        return [self.check(doc) for doc in docs]
 
 
 def length_bucket(chars: int) -> str:
@@ -206,32 +212,17 @@ class GroupStats:
     __hash__ = None  # type: ignore[assignment]
 
 
-def apply_filters(
-    filters: Sequence[Filter], doc: Document, stats: GroupStats
-) -> tuple[str, str] | None:
-    """Run filters in order until one drops; returns (filter name, reason) or None.
+def apply_filters_batch(
+    filters: Sequence[Filter], docs: Sequence[Document], stats: GroupStats
+) -> list[tuple[str, str] | None]:
+    """Run the filters in order over a batch; for each document, (filter name, reason) of
+    the first that drops it, or None. Each filter gets the survivors of the ones before
+    it in one ``check_batch`` call.
 
     A filter only sees the documents that earlier filters kept, so its counts are
     conditional on the order; the order is therefore fixed (``build_filters``) and part
     of the recipe, and each filter's ``docs_seen`` makes the conditioning visible.
     """
-    group = group_of(doc)
-    for f in filters:
-        stats.seen(f.name, doc, group)
-        reason = f.check(doc)
-        if reason is not None:
-            stats.dropped(f.name, doc, reason, group)
-            return f.name, reason
-    return None
-
-
-def apply_filters_batch(
-    filters: Sequence[Filter], docs: Sequence[Document], stats: GroupStats
-) -> list[tuple[str, str] | None]:
-    """``apply_filters`` over a batch, filter by filter: the same drops and counts, and a
-    filter with a ``check_batch(docs) -> reasons`` method (the repetition filter's
-    n-gram statistic is computed for a whole batch at once) gets the batch's survivors
-    in one call."""
     groups = [group_of(doc) for doc in docs]
     out: list[tuple[str, str] | None] = [None] * len(docs)
     alive = list(range(len(docs)))
@@ -240,11 +231,7 @@ def apply_filters_batch(
             break
         for i in alive:
             stats.seen(f.name, docs[i], groups[i])
-        batch = getattr(f, "check_batch", None)
-        if batch is not None:
-            reasons = batch([docs[i] for i in alive])
-        else:
-            reasons = [f.check(docs[i]) for i in alive]
+        reasons = f.check_batch([docs[i] for i in alive])
         still = []
         for i, reason in zip(alive, reasons, strict=True):
             if reason is None:

@@ -182,10 +182,6 @@ class LineCounter:
         k, c = keys.get(source, _EMPTY_KEYS), counts.get(source, _EMPTY_COUNTS)
         return set(k[c >= min_docs].tolist())
 
-    def distinct_lines(self) -> int:
-        keys, _ = self._tables()
-        return sum(int(k.size) for k in keys.values())
-
     def nbytes(self) -> int:
         """Bytes held by the compacted arrays (pending dict entries are not included)."""
         arrays = [*self._keys.values(), *self._counts.values()]

@@ -12,7 +12,7 @@ import pytest
 from cli_runner import TINY
 from ledgerlm.config import Recipe, load_recipe
 from ledgerlm.lab.recorder import LedgerRecorder
-from ledgerlm.lab.sinks import export_run, open_sinks
+from ledgerlm.lab.sinks import open_sinks, replay_to_sinks
 from ledgerlm.ledger.store import Ledger
 from ledgerlm.report.sinks import flat_params
 from ledgerlm.workspace import Workspace
@@ -77,7 +77,7 @@ def test_an_export_to_mlflow_gets_only_the_settings_in_effect(tmp_path, monkeypa
     recipe = _recipe((tmp_path / "unused").as_uri())
     ledger, run_id = _ledger_run(tmp_path, recipe)
     ledger.finish_run(run_id, "not reached")
-    export_run(ledger, Workspace(tmp_path), run_id, "mlflow", uri)
+    replay_to_sinks(ledger, Workspace(tmp_path), run_id, "mlflow", uri)
     ledger.close()
 
     params = _params(uri)

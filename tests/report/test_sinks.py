@@ -17,7 +17,7 @@ import pytest
 from e2e.test_sinks import float32, sink_env, wandb_history, wandb_records
 from ledgerlm.config import Recipe
 from ledgerlm.lab.recorder import LedgerRecorder
-from ledgerlm.lab.sinks import export_run, open_sinks, replay
+from ledgerlm.lab.sinks import open_sinks, replay, replay_to_sinks
 from ledgerlm.ledger.store import Ledger
 from ledgerlm.report.sinks import (
     MLflowSink,
@@ -340,13 +340,13 @@ def test_replay_sends_the_ledger_in_step_order(tmp_path):
     ledger.close()
 
 
-def test_export_run_to_tensorboard_and_its_faults(tmp_path):
+def test_replay_to_sinks_tensorboard_and_its_faults(tmp_path):
     pytest.importorskip("tensorboard", reason="pip install 'ledgerlm[tensorboard]'")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     ledger, run_id = _seeded(tmp_path)
     ws = Workspace(tmp_path)
-    result = export_run(ledger, ws, "seeded", "tensorboard", str(tmp_path / "tb"))
+    result = replay_to_sinks(ledger, ws, "seeded", "tensorboard", str(tmp_path / "tb"))
     where = str(tmp_path / "tb" / run_id)
     assert result == {"run": run_id, "sink": "tensorboard", "where": where,
                       "view": f"tensorboard --logdir {where}", "status": "not reached",
@@ -359,12 +359,12 @@ def test_export_run_to_tensorboard_and_its_faults(tmp_path):
         assert [e.wall_time for e in acc.Scalars(tag)] == [r["at"] for r in ROWS]
     assert [e.wall_time for e in acc.Scalars("val/loss")] == [_eval_at(3), _eval_at(6)]
     with pytest.raises(SinkError, match="needs a folder"):
-        export_run(ledger, ws, run_id, "tensorboard")
+        replay_to_sinks(ledger, ws, run_id, "tensorboard")
     (tmp_path / "file").write_text("")
     with pytest.raises(SinkError, match=r"^tensorboard: NotADirectoryError: "):
-        export_run(ledger, ws, run_id, "tensorboard", str(tmp_path / "file"))
+        replay_to_sinks(ledger, ws, run_id, "tensorboard", str(tmp_path / "file"))
     with pytest.raises(SinkError, match="unknown sink 'csv'"):
-        export_run(ledger, ws, run_id, "csv", str(tmp_path))
+        replay_to_sinks(ledger, ws, run_id, "csv", str(tmp_path))
     ledger.close()
 
 
@@ -386,8 +386,8 @@ def test_a_second_mlflow_export_updates_its_run_at_the_ledger_times(tmp_path, mo
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     ledger, run_id = _seeded(tmp_path)
     uri = (tmp_path / "mlruns").as_uri()
-    first = export_run(ledger, Workspace(tmp_path), run_id, "mlflow", uri)
-    second = export_run(ledger, Workspace(tmp_path), run_id, "mlflow", uri)
+    first = replay_to_sinks(ledger, Workspace(tmp_path), run_id, "mlflow", uri)
+    second = replay_to_sinks(ledger, Workspace(tmp_path), run_id, "mlflow", uri)
     assert first["where"] == second["where"] and first["steps"] == second["steps"] == 6
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("ledgerlm").experiment_id])
@@ -409,7 +409,9 @@ def test_a_second_wandb_export_is_the_same_run_at_the_ledger_times(tmp_path):
     ledger, run_id = _seeded(tmp_path)
     wb = tmp_path / "wb"
     with sink_env(tmp_path):
-        done = [export_run(ledger, Workspace(tmp_path), run_id, "wandb", str(wb)) for _ in "12"]
+        done = [
+            replay_to_sinks(ledger, Workspace(tmp_path), run_id, "wandb", str(wb)) for _ in "12"
+        ]
     ledger.close()
     ids = set()
     for result in done:

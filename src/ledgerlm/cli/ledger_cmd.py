@@ -248,10 +248,10 @@ def export(
     TensorBoard, MLflow or W&B: ledger export RUN --to tensorboard DIR.
 
     Needs the sink's library: ledgerlm's extras tensorboard, mlflow and wandb install them."""
-    from ledgerlm.lab.sinks import export_run
+    from ledgerlm.lab.sinks import replay_to_sinks
 
     with _open(workspace) as ledger:
-        result = export_run(ledger, Workspace(workspace), run, to, dest)
+        result = replay_to_sinks(ledger, Workspace(workspace), run, to, dest)
     if as_json:
         console.print_json(json.dumps(result))
         return

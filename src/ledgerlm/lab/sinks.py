@@ -138,7 +138,7 @@ def run_span(summary: dict[str, Any]) -> tuple[float, float]:
     return began, max([began] + [float(e) for e in ends if e is not None])
 
 
-def export_run(
+def replay_to_sinks(
     ledger: Ledger, workspace: Workspace, run_ref: str, to: str, dest: str | None = None
 ) -> dict[str, Any]:
     """Replay run ``run_ref`` (an id, a unique part, or ``latest``) from the ledger into

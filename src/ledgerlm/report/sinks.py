@@ -4,7 +4,7 @@ and Weights & Biases.
 The ledger stays the record; a sink gets what the ledger already holds. While a run
 trains, ``lab.recorder.LedgerRecorder`` hands each per-update row to its ``SinkSet``
 right after writing it to the ledger, and each evaluation right after recording it;
-``lab.sinks.export_run`` replays a finished run the same way. So a dashboard never shows
+``lab.sinks.replay_to_sinks`` replays a finished run the same way. So a dashboard never shows
 a point the ledger lacks.
 
 Names are the same in every sink, with the optimizer step as x:

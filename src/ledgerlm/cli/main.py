@@ -234,7 +234,3 @@ def demo(
 ) -> None:
     """The whole pipeline on the built-in corpus (Python's own files), with the demo recipe."""
     _run(shipped_recipe("demo"), workspace, set_)
-
-
-def main() -> None:  # pragma: no cover - console entry point
-    app()

@@ -12,7 +12,7 @@ output is sorted so two runs over the same shards give byte-identical reports.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ledgerlm.data.records import Document
@@ -128,13 +128,6 @@ class GroupStats:
         key = (step, group, reason)
         self._reasons[key] = self._reasons.get(key, 0) + 1
 
-    def record(self, step: str, doc: Document, reason: str | None) -> None:
-        """``seen`` plus ``dropped`` when there is a reason, grouping the document once."""
-        group = group_of(doc)
-        self.seen(step, doc, group)
-        if reason is not None:
-            self.dropped(step, doc, reason, group)
-
     def merge(self, other: GroupStats) -> GroupStats:
         for key, cell in other._counts.items():
             mine = self._counts.get(key)
@@ -186,23 +179,6 @@ class GroupStats:
         for t in acc.values():
             t["reasons"] = dict(sorted(t.get("reasons", {}).items()))
         return dict(sorted(acc.items()))
-
-    @classmethod
-    def from_rows(cls, rows: Iterable[Mapping[str, Any]]) -> GroupStats:
-        """Rebuild from ``rows()`` output, so stats written as JSON by a worker can merge."""
-        stats = cls()
-        for row in rows:
-            group = tuple(str(row[name]) for name in GROUP_FIELDS)
-            key = (str(row["step"]), group)
-            cell = stats._cell(*key)  # type: ignore[arg-type]
-            cell[_SEEN] += int(row["docs_seen"])
-            cell[_SEEN_CHARS] += int(row["chars_seen"])
-            cell[_DROPPED] += int(row["docs_dropped"])
-            cell[_DROPPED_CHARS] += int(row["chars_dropped"])
-            for reason, n in row.get("reasons", {}).items():
-                rkey = (key[0], group, str(reason))
-                stats._reasons[rkey] = stats._reasons.get(rkey, 0) + int(n)  # type: ignore[index]
-        return stats
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, GroupStats):

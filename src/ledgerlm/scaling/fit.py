@@ -353,15 +353,6 @@ class ScalingLaw:
         self.reduction = reduction
         self.options = options
 
-    def get_params(self, deep: bool = True) -> dict:
-        return {
-            "delta": self.delta,
-            "n_starts": self.n_starts,
-            "grid": self.grid,
-            "reduction": self.reduction,
-            "options": self.options,
-        }
-
     def _objective(self):
         if self.reduction == "sum":
             return huber_objective

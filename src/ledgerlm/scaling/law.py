@@ -43,8 +43,3 @@ class LawParams:
 def flops(N, D, kappa: float = KAPPA) -> np.ndarray:
     """Training compute C = kappa N D."""
     return kappa * np.asarray(N, dtype=np.float64) * np.asarray(D, dtype=np.float64)
-
-
-def tokens_for_budget(C, N, kappa: float = KAPPA) -> np.ndarray:
-    """Tokens D that a compute budget C buys for a model of N parameters."""
-    return np.asarray(C, dtype=np.float64) / (kappa * np.asarray(N, dtype=np.float64))

@@ -34,9 +34,9 @@ from ledgerlm.train.checkpoint import (
     optimizer_state,
     save_checkpoint,
 )
+from ledgerlm.train.checkpointing import CheckpointCallback, load_training
 from ledgerlm.train.loop import Trainer
 from ledgerlm.train.optim import build_optimizer
-from ledgerlm.train.resume import CheckpointCallback, load_training
 from ledgerlm.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,11 +20,11 @@ from ledgerlm.model.gpt import GPT
 from ledgerlm.progress import NullProgress
 from ledgerlm.tokens.loader import epoch_order, train_batches
 from ledgerlm.tokens.shards import TokenStore
+from ledgerlm.train.checkpointing import CheckpointCallback, load_training
 from ledgerlm.train.distributed import RankShard, World
 from ledgerlm.train.loop import Trainer
 from ledgerlm.train.optim import build_optimizer
 from ledgerlm.train.record import Recorder
-from ledgerlm.train.resume import CheckpointCallback, load_training
 from ledgerlm.train.spikes import SpikeDetector
 from ledgerlm.workspace import Workspace
 

@@ -20,13 +20,13 @@ from ledgerlm.tokens.loader import train_batches, validation_batches
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.shards import TokenStore
 from ledgerlm.train.budget import BudgetCallback
-from ledgerlm.train.callbacks import ProgressCallback
+from ledgerlm.train.checkpointing import CheckpointCallback, load_training
 from ledgerlm.train.distributed import RankShard, World, shard_model
 from ledgerlm.train.evaluate import EvalCallback, weights_digest
 from ledgerlm.train.loop import Trainer
 from ledgerlm.train.optim import Optimizer, build_optimizer
+from ledgerlm.train.progress import ProgressCallback
 from ledgerlm.train.record import Recorder
-from ledgerlm.train.resume import CheckpointCallback, load_training
 
 
 def determinism(train: TrainConfig) -> None:

@@ -45,8 +45,8 @@ from ledgerlm.ledger.store import Ledger, LedgerError, require_ledger
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.tokens.shards import TokenStore
 from ledgerlm.train.checkpoint import STATE, resolve_checkpoint
+from ledgerlm.train.checkpointing import ResumedEval
 from ledgerlm.train.distributed import World, one_process
-from ledgerlm.train.resume import ResumedEval
 from ledgerlm.workspace import BuiltVersion, Workspace
 
 FINISHED = ("reached", "not reached")

@@ -1,4 +1,4 @@
-"""Trainer callbacks that are not evaluation: progress."""
+"""The trainer callback that shows progress: one advance per update."""
 
 from __future__ import annotations
 

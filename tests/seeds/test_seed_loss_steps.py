@@ -14,13 +14,18 @@ import pytest
 import torch
 
 from ledgerlm.config import TrainConfig
-from ledgerlm.train.loss import masked_target_loss, objective_loss, token_mean_loss
+from ledgerlm.train.loss import objective_loss, objective_weights, per_target_loss
 from ledgerlm.train.optim import build_optimizer
 
 # Seed 003, 1.1.1 / 4.1.2: A = aaa, B = bcbc (a, b, c -> 0, 1, 2), T = 4: labels
 # [[0, 0, PAD], [2, 1, 2]], five supervised targets.
 P4_TARGETS = torch.tensor([[0, 0, 0], [2, 1, 2]])
 P4_MASK = torch.tensor([[True, True, False], [True, True, True]])
+
+
+def token_mean_loss(logits, targets, loss_mask):
+    """The token-mean objective the trainer reduces its per-target losses with."""
+    return objective_loss(per_target_loss(logits, targets), loss_mask, "token_mean", "exclude")
 
 
 def test_one_sgd_step_on_the_logits():
@@ -36,7 +41,7 @@ def _p4_per_target(theta: torch.Tensor) -> torch.Tensor:
     """Every position outputs z = [theta, 0, 0] (4.1.2's one shared scalar)."""
     zero = torch.zeros((), dtype=theta.dtype)
     logits = torch.stack([theta, zero, zero]).expand(2, 3, 3)
-    return masked_target_loss(logits, P4_TARGETS, P4_MASK)
+    return per_target_loss(logits, P4_TARGETS)
 
 
 def test_per_target_values_and_derivatives_at_theta_0():
@@ -51,7 +56,8 @@ def test_per_target_values_and_derivatives_at_theta_0():
         torch.autograd.grad(loss, theta, retain_graph=True)[0].item() for loss in supervised
     ]
     assert derivatives == pytest.approx([-0.55, -0.55, 0.45, 0.45, 0.45], abs=1e-12)
-    assert per_target[0, 2].item() == 0.0  # A2's padding label contributes nothing
+    weights = objective_weights(P4_MASK, "token_mean", "exclude")
+    assert weights[0, 2].item() == 0.0  # A2's padding label contributes nothing
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,13 @@ import pytest
 import torch
 
 from ledgerlm.config import TrainConfig
-from ledgerlm.train.loss import NoTargetsError, cross_entropy_sum, token_mean_loss
+from ledgerlm.train.loss import NoTargetsError, objective_loss, per_target_loss
 from ledgerlm.train.optim import MultiOptimizer, build_optimizer, lr_at, param_groups
+
+
+def token_mean_loss(logits, targets, loss_mask):
+    """The token-mean objective the trainer reduces its per-target losses with."""
+    return objective_loss(per_target_loss(logits, targets), loss_mask, "token_mean", "exclude")
 
 
 def test_seed_l1_cross_entropy_is_stable_for_large_logits():
@@ -24,7 +29,7 @@ def test_seed_l1_single_position_value_and_gradient():
 
 def test_batch_without_targets_is_an_error():
     with pytest.raises(NoTargetsError):
-        cross_entropy_sum(torch.zeros(2, 3), torch.tensor([0, 1]), torch.tensor([False, False]))
+        token_mean_loss(torch.zeros(2, 3), torch.tensor([0, 1]), torch.tensor([False, False]))
 
 
 def test_seed_l4_adamw_decoupled_decay_one_step():

@@ -18,7 +18,7 @@ from ledgerlm.model.attention import attention_mask
 from ledgerlm.model.gpt import GPT
 from ledgerlm.tokens.packing import batches, pack_documents
 from ledgerlm.train.loop import Trainer
-from ledgerlm.train.loss import masked_target_loss, objective_terms, objective_weights
+from ledgerlm.train.loss import objective_terms, objective_weights, per_target_loss
 from ledgerlm.train.optim import build_optimizer, param_groups
 
 V = 60
@@ -54,7 +54,7 @@ def test_objective_weights_give_the_numerator(objective, empty_rows):
 @pytest.mark.parametrize(("objective", "empty_rows"), OBJECTIVES)
 def test_a_step_has_the_plain_paths_loss_and_gradients(objective, empty_rows):
     """The trainer's step against the plain computation (the bool mask, full logits, the
-    supervised rows gathered, the same denominator and clipping), in fp64."""
+    per-target losses, the same denominator and clipping), in fp64."""
     b = _batch(2)
     cfg = TrainConfig(
         max_steps=1,
@@ -70,7 +70,7 @@ def test_a_step_has_the_plain_paths_loss_and_gradients(objective, empty_rows):
     loss = trainer.train_step()
 
     logits = plain(b.input_ids, b.position_ids, attention_mask(b.doc_ids, "isolated"))
-    per_target = masked_target_loss(logits, b.targets, b.loss_mask)
+    per_target = per_target_loss(logits, b.targets)
     numerator, denominator = objective_terms(per_target, b.loss_mask, objective, empty_rows)
     (numerator / denominator).backward()
     norm = torch.nn.utils.clip_grad_norm_(plain.parameters(), cfg.grad_clip)

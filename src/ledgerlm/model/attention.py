@@ -53,13 +53,6 @@ def attention_mask(doc_ids: torch.Tensor, mode: str) -> torch.Tensor:
     raise ValueError(f"unknown attention mode {mode!r} (isolated | cross)")
 
 
-def additive_mask(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The additive form M of a boolean mask, as the seeds write it: 0 where a query may
-    attend (True), -inf where it may not; what SDPA adds to the scores for a bool mask."""
-    zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-    return zeros.masked_fill(~mask.bool(), float("-inf"))
-
-
 def document_mask_mod(doc_ids: torch.Tensor) -> Callable[..., torch.Tensor]:
     """The isolated predicate as a flex ``mask_mod(b, h, q_idx, kv_idx)`` over (B, T) ids."""
 

@@ -31,43 +31,12 @@ class NoTargetsError(ValueError):
     """A batch with no supervised target has no defined loss."""
 
 
-def cross_entropy_sum(
-    logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor
-) -> tuple[torch.Tensor, int]:
-    """Sum of -log p(target) over supervised positions, computed via log-sum-exp.
-
-    logits (..., V), targets and loss_mask (...). Only supervised rows are
-    gathered before the softmax, so padding costs no vocabulary-sized work.
-    """
-    sel = loss_mask.reshape(-1)
-    count = int(sel.sum())
-    if count == 0:
-        raise NoTargetsError("batch has no supervised targets")
-    flat = _upcast(logits.reshape(-1, logits.shape[-1])[sel])
-    return F.cross_entropy(flat, targets.reshape(-1)[sel], reduction="sum"), count
-
-
 def per_target_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Unreduced -log p(target) of shape targets.shape (for per-domain evaluation)."""
     v = logits.shape[-1]
     return F.cross_entropy(
         _upcast(logits.reshape(-1, v)), targets.reshape(-1), reduction="none"
     ).view(targets.shape)
-
-
-def masked_target_loss(
-    logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor
-) -> torch.Tensor:
-    """-log p(target) at supervised positions and exactly 0 elsewhere, shape targets.shape.
-
-    Scoring only the supervised positions keeps padding free of vocabulary-sized
-    work, and a non-finite logit at an unsupervised position can reach neither the
-    loss nor the gradient.
-    """
-    mask = loss_mask.bool()
-    flat = _upcast(logits.reshape(-1, logits.shape[-1])[mask.reshape(-1)])
-    scored = F.cross_entropy(flat, targets.reshape(-1)[mask.reshape(-1)], reduction="none")
-    return scored.new_zeros(targets.shape).masked_scatter(mask, scored)
 
 
 def _check(objective: str, empty_rows: str) -> None:
@@ -133,10 +102,3 @@ def objective_loss(
     if not bool(loss_mask.any()):
         raise NoTargetsError(f"{objective}: batch has no supervised targets")
     return numerator / denominator
-
-
-def token_mean_loss(
-    logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor
-) -> torch.Tensor:
-    total, count = cross_entropy_sum(logits, targets, loss_mask)
-    return total / count

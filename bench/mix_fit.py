@@ -32,13 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ledgerlm.mixture.regress import (
-    concentration_of,
-    dirichlet_around,
-    fit_regression,
-    read_mixture_table,
-    recommend,
-)
+from ledgerlm.mixture.dirichlet import concentration_of, dirichlet_around
+from ledgerlm.mixture.recommend import recommend
+from ledgerlm.mixture.regress import fit_regression
+from ledgerlm.mixture.table import read_mixture_table
 from machine_load import cpu_jiffies, foreign_load, own_cpu
 
 GOAL_S = 5.0  # the whole command, end to end

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from ledgerlm.cli.main import app
 from ledgerlm.lab.scaling import load_points
-from ledgerlm.mixture.regress import read_mixture_table
+from ledgerlm.mixture.table import read_mixture_table
 from ledgerlm.scaling.table import read_points
 from ledgerlm.tables import read_csv
 from reference_data import REFERENCE_CSV

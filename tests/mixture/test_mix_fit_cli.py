@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from cli_runner import ledgerlm
-from ledgerlm.mixture.regress import dirichlet_around
+from ledgerlm.mixture.dirichlet import dirichlet_around
 
 MARKUP = "[/bold]web"  # a domain name that is also a rich closing tag: printed as itself
 

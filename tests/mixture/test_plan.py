@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from cli_runner import ledgerlm
 from ledgerlm.config import MixtureConfig, RecipeError, recipe_from_dict
-from ledgerlm.mixture.plan import exposure, plan_mixture, plan_segments
+from ledgerlm.mixture.plan import DEFAULT_MAX_EPOCHS, exposure, plan_mixture, plan_segments
 from ledgerlm.mixture.schedule import resolve
 
 SEED_POOLS = {"web": int(8e9), "code": int(1.5e9), "math": int(0.5e9)}
@@ -130,3 +130,57 @@ def test_the_mixture_is_not_part_of_the_data_version(tmp_path):
     mixed = recipe_from_dict({"data": {"mixture": {"weights": {"code": 1.0}}}})
     assert data_version(natural.data, tmp_path)[0] == data_version(mixed.data, tmp_path)[0]
     assert natural.digest() != mixed.digest()  # but a checkpoint knows it
+
+
+@pytest.mark.parametrize(
+    ("weights", "pools", "budget", "message"),
+    [
+        (
+            {"web": 0.5, "code": 0.4},
+            {"web": 10, "code": 10},
+            100,
+            "weights: the weights sum to 0.9, not 1",
+        ),
+        ({"web": 0.5, "math": 0.5}, {"web": 10}, 100, "weights: no pool given for math"),
+        ({"web": 1.0}, {"web": 10}, 0, "budget_tokens: 0 is not a positive number"),
+        ({"web": 1.0}, {"web": 10}, float("inf"), "budget_tokens: inf is not a positive number"),
+        ({"web": 1.0}, {"web": 10}, float("nan"), "budget_tokens: nan is not a positive number"),
+    ],
+)
+def test_plan_mixture_refuses_what_it_cannot_plan_naming_the_argument(
+    weights, pools, budget, message
+):
+    with pytest.raises(ValueError) as info:
+        plan_mixture(pools, weights, budget)
+    assert str(info.value) == message
+
+
+def test_a_plan_without_a_recipe_flags_above_the_recipes_default_epochs():
+    assert DEFAULT_MAX_EPOCHS == MixtureConfig().max_epochs == 4.0
+    plan = plan_mixture({"web": 10, "code": 10}, {"web": 0.5, "code": 0.5}, 81)
+    assert plan.max_epochs == DEFAULT_MAX_EPOCHS
+    assert [d.over for d in plan.domains] == [True, True]  # 4.05 epochs each
+    pools, even = {"web": 10, "code": 10}, {"web": 0.5, "code": 0.5}
+    assert not any(d.over for d in plan_mixture(pools, even, 80).domains)  # 4 is not above
+    assert plan_mixture(pools, even, 81, 5.0).warnings == []
+
+
+def test_mix_plan_errors_name_the_flags():
+    from typer.testing import CliRunner
+
+    from ledgerlm.cli.main import app
+
+    pools = ["--pools", "web=8e9,code=1.5e9"]
+    for args, line in [
+        ([*pools, "--weights", "web=0.5,code=0.4", "--tokens", "1e9"],
+         "error: --weights: the weights sum to 0.9, not 1"),
+        ([*pools, "--weights", "web=0.5,math=0.5", "--tokens", "1e9"],
+         "error: --weights: no pool given for math"),
+        ([*pools, "--weights", "web=0.5,code=0.5", "--tokens", "-5"],
+         "error: --tokens: -5 is not a positive number"),
+        ([*pools, "--weights", "web=0.5,code=x", "--tokens", "1e9"],
+         "error: --weights: code: 'x' is not a number"),
+    ]:  # fmt: skip
+        result = CliRunner().invoke(app, ["mix", "plan", *args])
+        assert result.exit_code == 2, result.output
+        assert result.stderr.strip() == line

@@ -11,7 +11,7 @@ import pytest
 from ledgerlm.config import recipe_from_dict
 from ledgerlm.lab.mix_search import Trial, check_objective, fit_search, read_mixture
 from ledgerlm.lab.mixture import use_search
-from ledgerlm.mixture.regress import dirichlet_around
+from ledgerlm.mixture.dirichlet import dirichlet_around
 from ledgerlm.workspace import Workspace, atomic_write_json
 
 DOMAINS = ["code", "docs", "math"]

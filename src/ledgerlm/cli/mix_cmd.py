@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -32,6 +35,32 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 app.command("fit")(mix_fit.fit)
+
+
+#: The library's arguments as the commands' flags: a library error names the argument
+#: at fault, the console the flag (``flags_in_errors``).
+PLAN_FLAGS = {"weights": "--weights", "budget_tokens": "--tokens"}
+SEARCH_FLAGS = {"proxy": "--proxy", "trials": "--trials", "search_id": "--name"}
+
+
+@contextmanager
+def flags_in_errors(flags: dict[str, str]) -> Iterator[None]:
+    """A library error naming one of ``flags``' arguments names its flag instead: an
+    argument the message leads with (``weights: ...``, ``proxy may not ...``), and one
+    whose name holds an underscore as a word of a sentence (``another search_id``: no
+    sentence has such a word, and a path holds it after a slash, not a space)."""
+    try:
+        yield
+    except ValueError as exc:
+        text = str(exc)
+        for argument, flag in flags.items():
+            if re.match(rf"{argument}[: ]", text):
+                text = flag + text[len(argument) :]
+            if "_" in argument:
+                text = re.sub(rf"(?<= ){argument}(?=$|[ ,;.)])", flag, text)
+        if text == str(exc):
+            raise
+        raise ValueError(text) from None
 
 
 def _pairs(text: str, what: str) -> dict[str, float]:
@@ -114,21 +143,9 @@ def plan(
     if recipe is None:
         if pools is None or weights is None or tokens is None:
             raise ValueError("give a recipe, or --pools, --weights and --tokens")
-        mix = _pairs(weights, "--weights")
-        total = sum(mix.values())
-        if abs(total - 1) > 1e-6:
-            raise ValueError(f"--weights: the weights sum to {total:g}, not 1")
-        unknown = sorted(set(mix) - set(_pairs(pools, "--pools")))
-        if unknown:
-            raise ValueError(f"--weights: no pool given for {', '.join(unknown)}")
-        if not math.isfinite(tokens) or tokens <= 0:
-            raise ValueError(f"--tokens: {tokens:g} is not a positive number")
-        found = plan_mixture(
-            {k: int(v) for k, v in _pairs(pools, "--pools").items()},
-            mix,
-            int(tokens),
-            4.0 if max_epochs is None else max_epochs,
-        )
+        mix, pool = _pairs(weights, "--weights"), _pairs(pools, "--pools")
+        with flags_in_errors(PLAN_FLAGS):
+            found = plan_mixture(pool, mix, tokens, max_epochs)
     else:
         from ledgerlm.lab.mixture import plan_recipe
         from ledgerlm.workspace import Workspace
@@ -237,7 +254,7 @@ def search(
         raise ValueError(f"--method {method!r}: use regmix or doremi")
     base = load_recipe(recipe, set_)
     if method == "doremi":
-        with RichProgress(lines=not as_json) as progress:
+        with RichProgress(lines=not as_json) as progress, flags_in_errors(SEARCH_FLAGS):
             record = doremi_search(
                 base,
                 Workspace(workspace),
@@ -250,7 +267,7 @@ def search(
         else:
             print_doremi(record)
         return
-    with RichProgress(lines=not as_json) as progress:
+    with RichProgress(lines=not as_json) as progress, flags_in_errors(SEARCH_FLAGS):
         record = search_mixture(
             base,
             Workspace(workspace),
@@ -298,12 +315,15 @@ def print_search(record: dict) -> None:
             _num(cv["rmse"]),
         )
     console.print(r)
-    weak = [n for n, f in record["regressions"].items() if not (f["cv"]["spearman"] or 0) >= 0.5]
-    if len(record["trials"]) < 16 or weak:
+    from ledgerlm.mixture.recommend import WEAK_SPEARMAN, weak_search
+
+    spearmans = {n: f["cv"]["spearman"] for n, f in record["regressions"].items()}
+    weak = weak_search(len(record["trials"]), spearmans)
+    if weak is not None:
         err_console.print(
             f"[yellow]warning:[/] {len(record['trials'])} trials"
             + (
-                f"; cross-validated Spearman below 0.5 for {escape(', '.join(weak))}"
+                f"; cross-validated Spearman below {WEAK_SPEARMAN:g} for {escape(', '.join(weak))}"
                 if weak
                 else ""
             )

@@ -14,10 +14,6 @@ from rich.markup import escape
 from ledgerlm.cli.table import FitTable
 from ledgerlm.cli.ui import JsonOpt, console, err_console, friendly_errors
 
-#: Below these the recommendation is weak evidence and the command says so (stderr).
-WEAK_SPEARMAN = 0.5
-WEAK_ROWS = 16
-
 CsvArg = Annotated[
     Path,
     typer.Option(
@@ -79,19 +75,6 @@ def _fmt(x: float | None, spec: str = ".4f") -> str:
     return "-" if x is None or not math.isfinite(x) else format(x, spec)
 
 
-def _warning(rows: int, spearman: float) -> str | None:
-    reasons = []
-    if not math.isfinite(spearman):
-        reasons.append("the cross-validated Spearman is undefined (constant predictions)")
-    elif spearman < WEAK_SPEARMAN:
-        reasons.append(f"the cross-validated Spearman is {spearman:.2f} (< {WEAK_SPEARMAN:g})")
-    if rows < WEAK_ROWS:
-        reasons.append(f"only {rows} rows (< {WEAK_ROWS})")
-    if not reasons:
-        return None
-    return " and ".join(reasons) + ": the recommended mixture is weak evidence"
-
-
 @friendly_errors
 def fit(
     csv: CsvArg,
@@ -119,28 +102,20 @@ def fit(
     target. It therefore stays where runs were made and does not extrapolate far beyond
     them. Fewer than 16 rows or a Spearman below 0.5 make it weak evidence (a warning).
     """
-    from ledgerlm.mixture.regress import (
-        DEFAULT_TOP_K,
-        concentration_of,
-        fit_regression,
-        read_mixture_table,
-        recommend,
-    )
+    from ledgerlm.lab.mix_fit import fit_table
 
-    table = read_mixture_table(csv, target, ignore or ())
-    assert table.target is not None
-    other = read_mixture_table(predict, None, domains=table.domains) if predict else None
-    reg = fit_regression(
-        table.weights, table.target, table.domains, model=model, folds=folds, seed=seed
+    found = fit_table(
+        csv,
+        target,
+        predict=predict,
+        ignore=ignore or (),
+        model=model,
+        folds=folds,
+        seed=seed,
+        candidates=candidates,
     )
-    center = table.weights.mean(axis=0)
-    concentration = concentration_of(table.weights)
-    best = recommend(reg.predict, center, concentration, candidates=candidates, seed=seed)
-    best_value = float(reg.predict(best[None, :])[0])
-    predictions = reg.predict(other.weights) if other is not None else None
+    table, other, reg, predictions = found.table, found.other, found.regression, found.predictions
     rows, cv = len(table.weights), reg.cv
-    weak = _warning(rows, cv.spearman)
-    warnings = [*table.warnings, *(other.warnings if other else []), *([weak] if weak else [])]
 
     if as_json:
         out: dict[str, Any] = {
@@ -149,30 +124,31 @@ def fit(
             "target": target,
             "model": reg.model,
             "cv": cv.to_dict(),  # folds, spearman, mae, rmse; NaN as null
-            "recommended": {d: float(w) for d, w in zip(table.domains, best, strict=True)},
-            "predicted_target": _num(best_value),
-            "search": {
-                "center": {d: float(w) for d, w in zip(table.domains, center, strict=True)},
-                "concentration": concentration,
-                "candidates": candidates,
-                "top_k": min(DEFAULT_TOP_K, candidates),
+            "recommended": {
+                d: float(w) for d, w in zip(table.domains, found.recommended, strict=True)
             },
-            "warnings": warnings,
+            "predicted_target": _num(found.predicted),
+            "search": {
+                "center": {d: float(w) for d, w in zip(table.domains, found.center, strict=True)},
+                "concentration": found.concentration,
+                "candidates": found.candidates,
+                "top_k": found.top_k,
+            },
+            "warnings": found.warnings,
         }
         if predictions is not None:
             out["predictions"] = [_num(float(p)) for p in predictions]
         console.print_json(json.dumps(out, allow_nan=False))
     else:
-        top_k = min(DEFAULT_TOP_K, candidates)
-        _print_text(csv, table, reg, best, best_value, concentration, candidates, top_k)
+        _print_text(csv, found)
         if other is not None and predictions is not None:
             _print_predictions(predict, other, predictions, target)
-    for warning in warnings:
+    for warning in found.warnings:
         err_console.print(f"[yellow]warning: {escape(warning)}[/]", highlight=False, soft_wrap=True)
 
 
-def _print_text(csv, table, reg, best, best_value, concentration, candidates, top_k) -> None:
-    cv = reg.cv
+def _print_text(csv, found) -> None:
+    table, reg, cv = found.table, found.regression, found.regression.cv
     console.print(
         f"read {len(table.weights)} rows x {len(table.domains)} domains from "
         f"{escape(str(csv))}; target {escape(table.target_name)}",
@@ -199,16 +175,16 @@ def _print_text(csv, table, reg, best, best_value, concentration, candidates, to
     t.add_column("domain")
     t.add_column("recommended", justify="right")
     t.add_column("table mean", justify="right")
-    for d, w, m in zip(table.domains, best, table.weights.mean(axis=0), strict=True):
+    for d, w, m in zip(table.domains, found.recommended, found.center, strict=True):
         t.add_row(escape(d), f"{w:.4f}", f"{m:.4f}")
     console.print(t)
     console.print(
-        f"searched {candidates:,} Dirichlet draws around the table's mean mixture "
-        f"(concentration {concentration:.3g}); the mean of the best {top_k}",
+        f"searched {found.candidates:,} Dirichlet draws around the table's mean mixture "
+        f"(concentration {found.concentration:.3g}); the mean of the best {found.top_k}",
         highlight=False,
         soft_wrap=True,
     )
-    value = _fmt(best_value, ".4f")
+    value = _fmt(found.predicted, ".4f")
     console.print(
         f"predicted {escape(table.target_name)} of the recommended mixture: {value}",
         highlight=False,

@@ -1,7 +1,7 @@
 """Mixture search with small proxy runs (RegMix style) and the use of its result.
 
 ``search_mixture`` runs ``trials`` proxy runs of a recipe (the base recipe with the
-``--proxy`` overrides): the first on the natural mixture (the baseline), the others on
+``proxy`` overrides): the first on the natural mixture (the baseline), the others on
 mixtures drawn from a Dirichlet around it. Every trial is a ledger run named
 ``<search id>-t<index>`` with a ``mix_search`` event. A regression from the weights to
 each domain's final validation loss (and the overall loss) is fitted on the trials,
@@ -40,8 +40,10 @@ from ledgerlm.config import (
 )
 from ledgerlm.ledger.mixture import plan_event
 from ledgerlm.ledger.store import Ledger
+from ledgerlm.mixture.dirichlet import dirichlet_around
 from ledgerlm.mixture.doremi import ETA, SMOOTHING, doremi_update, excess_loss
-from ledgerlm.mixture.regress import dirichlet_around, fit_regression, recommend
+from ledgerlm.mixture.recommend import recommend
+from ledgerlm.mixture.regress import fit_regression
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.train.distributed import one_process
 from ledgerlm.train.evaluate import EvalCallback
@@ -60,16 +62,16 @@ class Trial:
 
 
 def proxy_recipe(base: Recipe, proxy: list[str]) -> Recipe:
-    """The base recipe with the ``--proxy`` overrides; a proxy trains to its budget (no
+    """The base recipe with the ``proxy`` overrides; a proxy trains to its budget (no
     stop at the target) so the trials' final losses are comparable."""
     tree = apply_overrides(base.to_dict(), [*proxy, "eval.stop_at_target=false"])
-    proxied = recipe_from_dict(tree, "--proxy")
+    proxied = recipe_from_dict(tree, "proxy")
     same_data = proxied.data.model_dump(exclude={"mixture"}) == base.data.model_dump(
         exclude={"mixture"}
     )
     if not same_data or proxied.tokenizer != base.tokenizer:
         raise ValueError(
-            "--proxy may not change [data] or [tokenizer]: the trials must share the data "
+            "proxy may not change [data] or [tokenizer]: the trials must share the data "
             "and token versions that the target run uses"
         )
     return proxied
@@ -136,7 +138,7 @@ def start_record(workspace: Workspace, search_id: str, plan: dict[str, Any]) -> 
         if not isinstance(record, dict) or record.get("plan_sha256") != digest:
             raise ValueError(
                 f"{path}: search {search_id} was planned from another recipe or settings; "
-                "run it with the same recipe and flags, or give this one another --name"
+                "run it with the same recipe and flags, or give this one another search_id"
             )
         return record
     record = {
@@ -193,7 +195,7 @@ def search_mixture(
     Returns (and writes to ``mixtures/<search id>.json``) the search record: id,
     objective, natural mixture, trials (run, weights, final losses, seconds), the
     cross-validated regressions, the recommended mixture with its predicted losses, and
-    the search's wall time. The id is ``search_id`` (``--name``) or the plan's own
+    the search's wall time. The id is ``search_id`` or the plan's own
     (``search_id_of``); the record is written before the first trial and again as each
     trial finishes (atomically, ``complete`` false until the fit), and each trial is
     continued (``lab.resume.continue_run``): running the same search again reuses the
@@ -205,7 +207,7 @@ def search_mixture(
     from ledgerlm.tokens.shards import TokenStore
 
     if trials < 3:
-        raise ValueError(f"--trials {trials}: a regression needs at least 3 trials")
+        raise ValueError(f"trials {trials}: a regression needs at least 3 trials")
     progress = progress or NullProgress()
     proxied = proxy_recipe(base, proxy)
     settings = {"trials": trials, "objective": objective, "concentration": concentration}
@@ -500,7 +502,7 @@ def doremi_search(
     if run.how == "reused":
         raise ValueError(
             f"search {search_id}: its proxy run {run.run_id} finished but the record was not "
-            "written, so its reweighting is lost; give the search another --name"
+            "written, so its reweighting is lost; give the search another search_id"
         )
     clock.trained(run)
     for i, result in enumerate((ref, run)):

@@ -1,7 +1,9 @@
 """Data mixtures: how much of each domain a run sees.
 
 ``plan`` the expected tokens and exposure (epochs) of each domain for a budget;
-``schedule`` the weights in force at each point of a run (stages); ``regress`` the
-regression from mixture weights to a loss and the mixture it recommends; ``search``
-the proxy-trial designs (Dirichlet draws around the natural mixture, DoReMi).
+``schedule`` the weights in force at each point of a run (stages); ``dirichlet`` the
+Dirichlet draws of mixtures around a center (proxy trials, candidates) and their
+concentration; ``table`` a CSV table of proxy runs (weights and results); ``regress``
+the regression from mixture weights to a loss; ``recommend`` the mixture it
+recommends, and when that is weak evidence; ``doremi`` the DoReMi reweighting.
 """

@@ -12,7 +12,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ledgerlm.config import MixtureConfig
 from ledgerlm.mixture.schedule import Segment, expected_tokens
+
+#: Above this exposure a domain is flagged: the recipe's ``data.mixture.max_epochs``
+#: default, for a plan made without a recipe.
+DEFAULT_MAX_EPOCHS: float = MixtureConfig.model_fields["max_epochs"].default
+#: The weights of a plan made without a recipe must sum to 1 within this.
+WEIGHT_SUM_TOLERANCE = 1e-6
 
 
 @dataclass(frozen=True)
@@ -65,21 +72,36 @@ def exposure(weight: float, budget_tokens: float, pool: float) -> float:
 
 
 def plan_mixture(
-    pools: Mapping[str, int],
+    pools: Mapping[str, float],
     weights: Mapping[str, float],
-    budget_tokens: int,
-    max_epochs: float = 4.0,
+    budget_tokens: float,
+    max_epochs: float | None = None,
 ) -> MixturePlan:
     """The plan of one mixture ``weights`` (domain -> p_i, summing to 1) over ``pools``
-    (domain -> S_i) for a budget of ``budget_tokens`` training tokens."""
-    return plan_segments(pools, [Segment(None, dict(weights))], budget_tokens, max_epochs)
+    (domain -> S_i, whole tokens) for a budget of ``budget_tokens`` training tokens (a
+    positive number, whole tokens counted), flagging above ``max_epochs`` (default
+    ``DEFAULT_MAX_EPOCHS``). Errors name the argument at fault."""
+    total = sum(weights.values())
+    if abs(total - 1) > WEIGHT_SUM_TOLERANCE:
+        raise ValueError(f"weights: the weights sum to {total:g}, not 1")
+    unknown = sorted(set(weights) - set(pools))
+    if unknown:
+        raise ValueError(f"weights: no pool given for {', '.join(unknown)}")
+    if not math.isfinite(budget_tokens) or budget_tokens <= 0:
+        raise ValueError(f"budget_tokens: {budget_tokens:g} is not a positive number")
+    return plan_segments(
+        {d: int(s) for d, s in pools.items()},
+        [Segment(None, dict(weights))],
+        int(budget_tokens),
+        DEFAULT_MAX_EPOCHS if max_epochs is None else max_epochs,
+    )
 
 
 def plan_segments(
     pools: Mapping[str, int],
     segments: list[Segment],
     budget_tokens: int,
-    max_epochs: float = 4.0,
+    max_epochs: float = DEFAULT_MAX_EPOCHS,
 ) -> MixturePlan:
     """The plan of a staged mixture: expected tokens summed over the segments; the
     weight shown per domain is its share of the whole budget."""

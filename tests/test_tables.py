@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ledgerlm.cli.main import app
-from ledgerlm.lab.scaling import load_points
+from ledgerlm.lab.scaling.points import load_points
 from ledgerlm.mixture.table import read_mixture_table
 from ledgerlm.scaling.table import read_points
 from ledgerlm.tables import read_csv

@@ -7,7 +7,7 @@ import pytest
 
 from ledgerlm.lab.export import load_run_model
 from ledgerlm.lab.resume import resume_run
-from ledgerlm.lab.scaling import load_points
+from ledgerlm.lab.scaling.points import load_points
 from ledgerlm.ledger.store import Ledger, LedgerError
 from ledgerlm.model.export import ExportError
 from ledgerlm.workspace import Workspace

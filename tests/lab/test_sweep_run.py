@@ -9,7 +9,9 @@ import pytest
 
 from cli_runner import TINY
 from ledgerlm.config import load_recipe
-from ledgerlm.lab.scaling import fit, fit_summary, load_points
+from ledgerlm.lab.scaling.fit import fit
+from ledgerlm.lab.scaling.points import load_points
+from ledgerlm.lab.scaling.summary import fit_summary
 from ledgerlm.lab.sweep import record_plan, run_sweep, sweep_id_of, sweep_points
 from ledgerlm.ledger import Ledger
 from ledgerlm.ledger.store import LedgerError

@@ -61,7 +61,8 @@ def test_best_keeps_the_lowest_loss_of_each_learning_rate_group():
 
 
 def test_the_default_reduction_is_best_only_where_learning_rates_differ():
-    from ledgerlm.lab.scaling import FitOptions, FitPoints, fit
+    from ledgerlm.lab.scaling.fit import FitOptions, fit
+    from ledgerlm.lab.scaling.points import FitPoints
 
     N, D, loss = grid()
     lr = np.full(60, 1e-3)  # two seeds of each (N, D) at one learning rate

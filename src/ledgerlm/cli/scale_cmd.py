@@ -200,8 +200,7 @@ def run_cmd(
     the sweep, reusing the points that finished and resuming the one that was interrupted
     from its checkpoint.
     """
-    from ledgerlm.lab.sweep import run_sweep, sweep_id_of, sweep_points
-    from ledgerlm.ledger.store import Ledger
+    from ledgerlm.lab.sweep import run_sweep_points, sweep_id_of
     from ledgerlm.workspace import Workspace
 
     base, points = _plan(recipe, set_, sizes, tokens, flops, lr_rule)
@@ -214,9 +213,9 @@ def run_cmd(
             highlight=False,
         )
     with RichProgress(lines=not as_json) as progress:
-        run_sweep(base, points, ws, progress, sweep_id=sweep_id, keep_going=keep_going)
-    with Ledger(ws.ledger_path) as ledger:
-        found = sweep_points(ledger, sweep_id, ws)
+        found = run_sweep_points(
+            base, points, ws, progress, sweep_id=sweep_id, keep_going=keep_going
+        )
     if as_json:
         out = {
             "sweep_id": sweep_id,

@@ -101,22 +101,17 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the bootstrap resa
 
 
 def _fit(sweep, runs, csv, workspace, columns, params, options):
-    """Points from exactly one source, fitted (``lab.scaling.load_points`` and ``fit``)."""
-    from ledgerlm.lab.scaling import fit, load_points
+    """Points from exactly one source, fitted (``lab.scaling.points.load_points`` and
+    ``lab.scaling.fit.fit``)."""
+    from ledgerlm.lab.scaling.fit import fit
+    from ledgerlm.lab.scaling.points import load_points
 
-    if sum(1 for v in (sweep, runs, csv) if v) != 1:
-        raise ValueError(
-            "give exactly one source of points: --sweep ID, --runs R1,R2,... or --csv FILE"
-        )
-    named = {k: v for k, v in columns.items() if v is not None}
-    if named and csv is None:
-        raise ValueError(f"--{next(iter(named)).replace('_', '-')} applies to --csv only")
     points = load_points(sweep, runs, csv, workspace=workspace, columns=columns, params=params)
     return fit(points, options)
 
 
 def _options(reduce, drop_top_loss, max_residual, holdout, holdout_top, bootstrap, seed):
-    from ledgerlm.lab.scaling import FitOptions
+    from ledgerlm.lab.scaling.fit import FitOptions
     from ledgerlm.scaling.replicates import REDUCTIONS
 
     if reduce is not None and reduce not in REDUCTIONS:
@@ -206,7 +201,7 @@ def _held_out_table(held: dict[str, Any]) -> FitTable:
 
 
 def print_fit(result: dict[str, Any], where: str) -> None:
-    """The fit summary (``lab.scaling.fit_summary``) as tables and notes."""
+    """The fit summary (``lab.scaling.summary.fit_summary``) as tables and notes."""
     head = f"{where}: {result['n_loaded']} rows"
     if result["dropped"]:
         head += f", {len(result['dropped'])} left out (below)"
@@ -241,7 +236,16 @@ def print_fit(result: dict[str, Any], where: str) -> None:
         console.print(f"left out: {escape(shown)}", highlight=False, soft_wrap=True)
 
 
-@friendly_errors
+# what the library's argument errors name, as these commands' flags
+SOURCE_FLAGS = {"sweep": "--sweep", "runs": "--runs", "csv": "--csv"}
+COLUMN_FLAGS = {f"{q}_col": f"--{q}-col" for q in ("n", "d", "c", "loss", "lr", "budget")}
+FIT_FLAGS = {**SOURCE_FLAGS, **COLUMN_FLAGS, "holdout": "--holdout",
+             "drop_top_loss": "--drop-top-loss"}  # fmt: skip
+RECOMMEND_FLAGS = {**FIT_FLAGS, "serving": "--serving",
+                   "inference_kappa": "--serving-flops-per-param"}  # fmt: skip
+
+
+@friendly_errors(flags=FIT_FLAGS)
 def fit_cmd(
     sweep: SweepOpt = None,
     runs: RunsOpt = None,
@@ -282,7 +286,8 @@ def fit_cmd(
     outside it are extrapolations), the isoFLOP grouping and the held-out errors. Needs
     at least 5 distinct (N, D) points.
     """
-    from ledgerlm.lab.scaling import fit_summary, write_fit_report
+    from ledgerlm.lab.scaling.page import write_fit_report
+    from ledgerlm.lab.scaling.summary import fit_summary
 
     columns = {"n_col": n_col, "d_col": d_col, "c_col": c_col, "loss_col": loss_col,
                "lr_col": lr_col, "budget_col": budget_col}  # fmt: skip
@@ -298,7 +303,7 @@ def fit_cmd(
     print_fit(result, fitted.describe())
 
 
-@friendly_errors
+@friendly_errors(flags=RECOMMEND_FLAGS)
 def recommend_cmd(
     budget: Annotated[
         float,
@@ -368,37 +373,24 @@ def recommend_cmd(
     per parameter per token), one row per R, each with its interval and flag; the more
     requests, the smaller the model and the more tokens it is trained on.
     """
-    from ledgerlm.lab.scaling import recommend
+    from ledgerlm.lab.scaling.recommend import recommend
 
     if not (math.isfinite(budget) and budget > 0):
         raise ValueError(f"--budget: {budget!r} is not a positive number of FLOPs")
     requests_list = numbers(requests, "--requests", zero=True)
     if not (math.isfinite(tokens_per_request) and tokens_per_request > 0):
         raise ValueError("--tokens-per-request must be a positive number")
-    if serving is not None and serving_kappa is not None:
-        raise ValueError("give --serving FILE or --serving-flops-per-param K, not both")
-    used: dict[str, Any]
-    if serving is not None:
-        from ledgerlm.lab.serving import read_serving_cost
-
-        serving_kappa, used = read_serving_cost(serving)
-    elif serving_kappa is not None:
-        used = {"kind": "stated", "flops_per_param": serving_kappa}
-    else:
-        used = {"kind": "default", "flops_per_param": 2.0}
     columns = {"n_col": n_col, "d_col": d_col, "c_col": c_col, "loss_col": loss_col,
                "lr_col": lr_col}  # fmt: skip
     options = _options(reduce, drop_top_loss, max_residual, None, 0, bootstrap, seed)
     fitted = _fit(sweep, runs, csv, workspace, columns, params, options)
-    result = recommend(fitted, budget, requests_list, tokens_per_request, serving_kappa)
-    if "lifecycle" in result:
-        used["flops_per_param"] = result["lifecycle"]["inference_kappa"]
-        result["lifecycle"]["serving"] = used
+    result = recommend(fitted, budget, requests_list, tokens_per_request, serving_kappa, serving)
     if as_json:
         console.print_json(json.dumps(result))
         return
     _print_recommendation(result, fitted.describe())
     if "lifecycle" in result:
+        used = result["lifecycle"]["serving"]
         k = f"{used['flops_per_param']:.3g} N FLOPs a served token"
         if used["kind"] == "measured":
             line = (

@@ -40,7 +40,11 @@ def _table(r: dict[str, Any]) -> FitTable:
     return t
 
 
-@friendly_errors
+# what the library's argument errors name, as this command's flags
+SERVING_FLAGS = {"model": "a RUN", "shape": "--model-shape"}
+
+
+@friendly_errors(flags=SERVING_FLAGS)
 def serving_cost_cmd(
     run: Annotated[
         str | None,
@@ -92,23 +96,11 @@ def serving_cost_cmd(
     token of a forward + backward step of the same model and context), which
     `scale recommend --serving FILE` uses for the lifecycle table.
     """
-    from ledgerlm.lab.serving import measure_serving, parse_shape
+    from ledgerlm.lab.serving import measure_serving
     from ledgerlm.workspace import Workspace, atomic_write_json
 
-    if (run is None) == (model_shape is None):
-        raise ValueError("give a RUN or --model-shape d_model=..,n_layers=..,vocab=.., not both")
-    if run is not None:
-        target: Any = run
-    else:
-        import torch
-
-        from ledgerlm.model.gpt import GPT
-
-        cfg, vocab = parse_shape(model_shape or "")
-        torch.manual_seed(0)
-        target = GPT(cfg, vocab)
     measured = measure_serving(
-        target,
+        run,
         batch,
         context,
         new_tokens,
@@ -116,6 +108,7 @@ def serving_cost_cmd(
         device,
         workspace=Workspace(workspace),
         threads=threads,
+        shape=model_shape,
     )
     result = measured.to_dict()
     if output is not None:

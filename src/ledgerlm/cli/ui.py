@@ -8,7 +8,7 @@ import os
 import sqlite3
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,6 +25,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from ledgerlm.errors import ArgumentError
 from ledgerlm.lab.signals import (
     exit_status,
     received,
@@ -143,11 +144,15 @@ def load_recipe(path: Path, overrides: list[str] | None = None) -> Any:
     return load(path, overrides)
 
 
-def error_line(exc: BaseException) -> str:
-    """One line for an expected error: an OSError as ``path: cause``."""
+def error_line(exc: BaseException, flags: Mapping[str, str] | None = None) -> str:
+    """One line for an expected error: an OSError as ``path: cause``; an
+    ``ArgumentError`` naming each argument by its flag in ``flags``."""
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
-    text = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, ArgumentError):
+        text = exc.worded(flags or {})
+    else:
+        text = str(exc).strip() or type(exc).__name__
     return " ".join(text.split())  # one line, whatever the message held
 
 
@@ -158,10 +163,17 @@ def _print_error(line: str) -> None:
         err_console.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
 
-def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+def friendly_errors(
+    fn: Callable[..., Any] | None = None, *, flags: Mapping[str, str] | None = None
+) -> Any:
     """Turn expected errors into one clear line on stderr and exit code 2; SIGTERM and
     SIGHUP end the command as Ctrl-C does (``lab/signals.py``): ``error: interrupted by
-    SIGTERM`` and the exit status a shell gives that signal (143; 130 for Ctrl-C)."""
+    SIGTERM`` and the exit status a shell gives that signal (143; 130 for Ctrl-C).
+
+    ``@friendly_errors(flags={"holdout": "--holdout"})``: a library's ``ArgumentError``
+    names those arguments by the command's flags."""
+    if fn is None:
+        return functools.partial(friendly_errors, flags=flags)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -178,7 +190,7 @@ def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
                     raise typer.Exit(exit_status(stop)) from None
                 if not isinstance(exc, USER_ERRORS) or os.environ.get("LEDGERLM_TRACEBACK"):
                     raise
-                _print_error(error_line(exc))
+                _print_error(error_line(exc, flags))
                 raise typer.Exit(2) from None
 
     return wrapper

@@ -18,7 +18,8 @@ time over the KV cache) and puts it beside two counts:
 
 The model is a run's (rebuilt from its stored recipe and checkpoint, as ``lab.export``
 does) or a random-initialised one of a stated shape (``parse_shape``): the time of a
-forward pass does not depend on the weights' values.
+forward pass does not depend on the weights' values. Arguments that cannot be honoured
+are an ``ArgumentError`` naming the argument (the CLI names its flag).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from ledgerlm.config import ModelConfig
+from ledgerlm.errors import ArgumentError
 from ledgerlm.lab.export import load_run_model
 from ledgerlm.model.decode import Decoder, flops_per_token
 from ledgerlm.model.gpt import GPT
@@ -56,35 +58,48 @@ _READ_KEYS = ("effective_flops_per_param", "analytic_flops_per_param", "source",
 _SHAPE_KEYS = ("d_model", "n_layers", "n_heads", "vocab", "ffn_mult")
 
 
-def parse_shape(text: str) -> tuple[ModelConfig, int]:
+def parse_shape(shape: str) -> tuple[ModelConfig, int]:
     """``d_model=64,n_layers=2,n_heads=2,vocab=512`` -> (ModelConfig, vocab size).
 
     d_model, n_layers and vocab are required; n_heads defaults to the sweep's rule
-    (32-wide heads), ffn_mult to the recipe default."""
+    (32-wide heads), ffn_mult to the recipe default. A shape that does not parse is an
+    ``ArgumentError`` naming ``shape``."""
     values: dict[str, str] = {}
-    for item in text.split(","):
+    for item in shape.split(","):
         key, eq, value = item.partition("=")
         key = key.strip().replace("-", "_")
         if not eq or not value.strip():
-            raise ValueError(f"--model-shape: {item.strip()!r} is not KEY=VALUE")
+            raise ArgumentError("{shape}: {item!r} is not KEY=VALUE", item=item.strip())
         if key not in _SHAPE_KEYS:
-            raise ValueError(
-                f"--model-shape: unknown key {key!r} (known: {', '.join(_SHAPE_KEYS)})"
+            raise ArgumentError(
+                "{shape}: unknown key {key!r} (known: {known})",
+                key=key,
+                known=", ".join(_SHAPE_KEYS),
             )
         values[key] = value.strip().replace("_", "")
     missing = [k for k in ("d_model", "n_layers", "vocab") if k not in values]
     if missing:
-        raise ValueError(f"--model-shape: missing {', '.join(missing)}")
+        raise ArgumentError("{shape}: missing {missing}", missing=", ".join(missing))
     try:
         ints = {k: int(v) for k, v in values.items() if k != "ffn_mult"}
         extra = {"ffn_mult": float(values["ffn_mult"])} if "ffn_mult" in values else {}
     except ValueError:
-        raise ValueError(f"--model-shape: {text!r} holds a value that is not a number") from None
+        raise ArgumentError(
+            "{shape}: {text!r} holds a value that is not a number", text=shape
+        ) from None
     vocab = ints.pop("vocab")
     if vocab < 2:
-        raise ValueError(f"--model-shape: vocab {vocab} must be >= 2")
+        raise ArgumentError("{shape}: vocab {vocab} must be >= 2", vocab=vocab)
     ints.setdefault("n_heads", heads_for(ints["d_model"]))
     return ModelConfig(**ints, **extra), vocab
+
+
+def shape_model(shape: str, seed: int = 0) -> GPT:
+    """A random-initialised ``GPT`` of the stated shape (``parse_shape``), the same for the
+    same ``seed``: the time of a forward pass does not depend on the weights' values."""
+    cfg, vocab = parse_shape(shape)
+    torch.manual_seed(seed)
+    return GPT(cfg, vocab)
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -182,7 +197,7 @@ def _train_step(model: GPT, ids: torch.Tensor) -> Callable[[], None]:
 
 
 def measure_serving(
-    model: GPT | str,
+    model: GPT | str | None,
     batch: int,
     context: int,
     new_tokens: int = 16,
@@ -193,10 +208,12 @@ def measure_serving(
     source: str | None = None,
     seed: int = 0,
     threads: int | None = None,
+    shape: str | None = None,
 ) -> ServingCost:
     """Time ``model``'s decoding of ``batch`` rows after a ``context``-token prompt.
 
-    ``model``: a ``GPT``, or a run (id or unique part of one) in ``workspace``. One
+    ``model``: a ``GPT``, or a run (id or unique part of one) in ``workspace``; or None
+    and a ``shape`` (``shape_model``: random weights, seeded). One
     untimed warm-up, then ``repeats`` times: a fresh cache, the prefill, ``new_tokens``
     decode steps (the median step is reported), each followed by a forward + backward
     step of a (batch, context) training batch of the same model (median), for the
@@ -204,12 +221,16 @@ def measure_serving(
     measurement (default: as set); on a machine other processes also use, fewer
     threads than cores avoid parallel ops stalling on a descheduled thread.
     """
+    if (model is None) == (shape is None):
+        raise ArgumentError("give {model} or {shape} d_model=..,n_layers=..,vocab=.., not both")
     for name, value in (("batch", batch), ("context", context), ("new tokens", new_tokens),
                         ("repeats", repeats)):  # fmt: skip
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
+    if shape is not None:
+        model = shape_model(shape)
     if isinstance(model, str):
         loaded = load_run_model(workspace or Workspace(DEFAULT_WORKSPACE), model, purpose="serve")
         model, run_id = loaded.model, loaded.run_id

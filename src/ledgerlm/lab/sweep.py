@@ -470,3 +470,19 @@ def sweep_points(
         planned,
         missing,
     )
+
+
+def run_sweep_points(
+    base: Recipe,
+    points: Sequence[PlanPoint],
+    workspace: Workspace,
+    progress: Progress | None = None,
+    sweep_id: str | None = None,
+    keep_going: bool = False,
+) -> SweepPoints:
+    """``run_sweep``, then the sweep's points read back from the workspace's ledger
+    (``sweep_points``), as ``scale run`` reports them."""
+    sweep_id = sweep_id_of(base, points, sweep_id)
+    run_sweep(base, points, workspace, progress, sweep_id=sweep_id, keep_going=keep_going)
+    with Ledger(workspace.ledger_path) as ledger:
+        return sweep_points(ledger, sweep_id, workspace)

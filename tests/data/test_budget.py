@@ -25,10 +25,9 @@ def test_squared_error_optimum_moves_with_the_weights():
 
 
 def test_seed_d6_raw_and_unique_tokens():
-    lengths = np.full(100, 1000)
-    copies = np.ones(100, dtype=int)
-    copies[:10] += 9  # ten documents reprinted nine more times
-    b = budget(lengths, copies)
+    lengths = np.full(190, 1000)
+    kept = np.arange(190) < 100  # ten of the 100 documents reprinted nine more times
+    b = budget(lengths, kept)
     assert (b.raw, b.unique, b.repeats) == (190_000, 100_000, 90_000)
     assert b.exposure == pytest.approx(1.9)
 
@@ -37,4 +36,4 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="unknown weights mode"):
         dedup_weights([1], "uniform")
     with pytest.raises(ValueError):
-        budget([10], [0])
+        budget([10], [True, False])

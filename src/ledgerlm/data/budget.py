@@ -17,19 +17,24 @@ import numpy as np
 WEIGHT_MODES = ("rebalance", "preserve")
 
 
-def dedup_weights(cluster_sizes: Sequence[int] | np.ndarray, mode: str) -> np.ndarray:
-    """Sampling weight of each kept representative, normalized to sum to 1."""
+def representative_weights(cluster_sizes: Sequence[int] | np.ndarray, mode: str) -> np.ndarray:
+    """Weight of each kept representative as a data version stores it: its cluster's size
+    (``preserve``) or 1 (``rebalance``)."""
     sizes = np.asarray(cluster_sizes, dtype=np.float64)
-    if sizes.size == 0:
-        return sizes
     if np.any(sizes < 1):
         raise ValueError("cluster sizes are at least 1")
     if mode == "preserve":
-        raw = sizes
-    elif mode == "rebalance":
-        raw = np.ones_like(sizes)
-    else:
-        raise ValueError(f"unknown weights mode {mode!r} (one of {', '.join(WEIGHT_MODES)})")
+        return sizes
+    if mode == "rebalance":
+        return np.ones_like(sizes)
+    raise ValueError(f"unknown weights mode {mode!r} (one of {', '.join(WEIGHT_MODES)})")
+
+
+def dedup_weights(cluster_sizes: Sequence[int] | np.ndarray, mode: str) -> np.ndarray:
+    """Sampling weight of each kept representative, normalized to sum to 1."""
+    if len(cluster_sizes) == 0:
+        return np.asarray(cluster_sizes, dtype=np.float64)
+    raw = representative_weights(cluster_sizes, mode)
     return raw / raw.sum()
 
 
@@ -53,13 +58,14 @@ class Budget:
         return asdict(self)
 
 
-def budget(unit_lengths: Sequence[int] | np.ndarray, copies: Sequence[int] | np.ndarray) -> Budget:
-    """Budget of unique units (documents) of given lengths, each present ``copies`` times."""
-    lengths = np.asarray(unit_lengths, dtype=np.int64)
-    n = np.asarray(copies, dtype=np.int64)
-    if lengths.shape != n.shape:
-        raise ValueError("one copy count per unit")
-    if np.any(n < 1):
-        raise ValueError("every unit is present at least once")
-    raw, unique = int((lengths * n).sum()), int(lengths.sum())
+def budget(lengths: Sequence[int] | np.ndarray, kept: Sequence[bool] | np.ndarray) -> Budget:
+    """Budget of documents of given lengths, ``kept`` marking the one representative of
+    each duplicate cluster (the unique content); the others are its repeats."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    keep = np.asarray(kept, dtype=bool)
+    if lengths.shape != keep.shape:
+        raise ValueError("one kept flag per document")
+    if np.any(lengths < 0):
+        raise ValueError("lengths are at least 0")
+    raw, unique = int(lengths.sum()), int(lengths[keep].sum())
     return Budget(raw, unique, raw - unique, raw / unique if unique else 0.0)

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ledgerlm.config import DataConfig
+from ledgerlm.data.budget import representative_weights
 from ledgerlm.data.filters import build_filters
 from ledgerlm.data.minhash import band_keys, minhash_flat, params_from_config
 from ledgerlm.data.read.reader import read_shard
@@ -398,10 +399,7 @@ def _write(
                 take = pa.array(at)
                 rows = table.select(doc_names).take(take)
                 sizes = size.take(take)
-                if cfg.weights == "preserve":
-                    weight = pa.array(sizes.to_numpy().astype(np.float64))
-                else:
-                    weight = pa.array(np.ones(at.size))
+                weight = pa.array(representative_weights(sizes.to_numpy(), cfg.weights))
                 part = pa.Table.from_arrays(
                     [*rows.columns, weight, cluster.take(take), sizes], schema=OUTPUT_SCHEMA
                 )

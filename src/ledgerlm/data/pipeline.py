@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from ledgerlm.config import DataConfig, InputConfig
 from ledgerlm.data import time_split
-from ledgerlm.data.budget import Budget
+from ledgerlm.data.budget import budget
 from ledgerlm.data.contamination import (
     EvalSet,
     contamination_report,
@@ -466,12 +466,7 @@ def _decide(cfg: DataConfig, shards: list[Shard], clean: list[dict], work: Path)
             }
             for k in top
         ],
-        "budget_chars": Budget(
-            raw=int(chars.sum()),
-            unique=int(chars[kept].sum()),
-            repeats=int(chars.sum() - chars[kept].sum()),
-            exposure=float(chars.sum() / max(chars[kept].sum(), 1)),
-        ).to_dict(),
+        "budget_chars": budget(chars, kept).to_dict(),
     }
 
 

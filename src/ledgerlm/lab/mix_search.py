@@ -33,11 +33,14 @@ from ledgerlm.config import (
     NAME_MAX,
     NAME_RULE,
     Recipe,
+    RecipeError,
     apply_overrides,
     is_name,
     recipe_from_dict,
     shown,
 )
+from ledgerlm.errors import ArgumentError
+from ledgerlm.ledger.events import MIX_SEARCH, latest
 from ledgerlm.ledger.mixture import plan_event
 from ledgerlm.ledger.store import Ledger
 from ledgerlm.mixture.dirichlet import dirichlet_around
@@ -49,7 +52,6 @@ from ledgerlm.train.distributed import one_process
 from ledgerlm.train.evaluate import EvalCallback
 from ledgerlm.workspace import Workspace, atomic_write_json, read_json
 
-EVENT = "mix_search"
 OBJECTIVES = ("loss", "worst")  # or loss/<domain>
 
 
@@ -65,13 +67,16 @@ def proxy_recipe(base: Recipe, proxy: list[str]) -> Recipe:
     """The base recipe with the ``proxy`` overrides; a proxy trains to its budget (no
     stop at the target) so the trials' final losses are comparable."""
     tree = apply_overrides(base.to_dict(), [*proxy, "eval.stop_at_target=false"])
-    proxied = recipe_from_dict(tree, "proxy")
+    try:
+        proxied = recipe_from_dict(tree, "proxy")
+    except RecipeError as exc:  # "proxy: <key>: <why>", the argument named as such
+        raise ArgumentError("{proxy}{rest}", rest=str(exc).removeprefix("proxy")) from None
     same_data = proxied.data.model_dump(exclude={"mixture"}) == base.data.model_dump(
         exclude={"mixture"}
     )
     if not same_data or proxied.tokenizer != base.tokenizer:
-        raise ValueError(
-            "proxy may not change [data] or [tokenizer]: the trials must share the data "
+        raise ArgumentError(
+            "{proxy} may not change [data] or [tokenizer]: the trials must share the data "
             "and token versions that the target run uses"
         )
     return proxied
@@ -98,7 +103,7 @@ def check_objective(objective: str, domains: list[str]) -> None:
 
 def _write_event(workspace: Workspace, run_id: str, message: dict[str, Any]) -> None:
     with Ledger(workspace.ledger_path) as ledger:
-        ledger.add_event(run_id, EVENT, json.dumps(message))
+        ledger.add_event(run_id, MIX_SEARCH, json.dumps(message))
 
 
 def search_id_of(base: Recipe, plan: dict[str, Any], name: str | None = None) -> str:
@@ -136,9 +141,11 @@ def start_record(workspace: Workspace, search_id: str, plan: dict[str, Any]) -> 
         except (OSError, ValueError) as exc:
             raise ValueError(f"{path}: not a search record ({exc})") from None
         if not isinstance(record, dict) or record.get("plan_sha256") != digest:
-            raise ValueError(
-                f"{path}: search {search_id} was planned from another recipe or settings; "
-                "run it with the same recipe and flags, or give this one another search_id"
+            raise ArgumentError(
+                "{path}: search {id} was planned from another recipe or settings; run it "
+                "with the same recipe and flags, or give this one another --name",
+                path=path,
+                id=search_id,
             )
         return record
     record = {
@@ -207,7 +214,7 @@ def search_mixture(
     from ledgerlm.tokens.shards import TokenStore
 
     if trials < 3:
-        raise ValueError(f"trials {trials}: a regression needs at least 3 trials")
+        raise ArgumentError("{trials} {given}: a regression needs at least 3 trials", given=trials)
     progress = progress or NullProgress()
     proxied = proxy_recipe(base, proxy)
     settings = {"trials": trials, "objective": objective, "concentration": concentration}
@@ -246,7 +253,7 @@ def search_mixture(
             last = summary["evaluations"][-1]["metrics"]
             trial = Trial(run.run_id, dict(mix), dict(last), float(summary["total_seconds"]))
             done.append(trial)
-            if run.how != "reused" or not any(e["kind"] == EVENT for e in summary["events"]):
+            if run.how != "reused" or latest(summary, MIX_SEARCH) is None:
                 message = {"search_id": search_id, "index": i, "of": trials}
                 _write_event(workspace, run.run_id, {**message, "weights": trial.weights})
             record.update(domains=domains, natural=natural, trials=[_trial_row(t) for t in done])
@@ -500,9 +507,11 @@ def doremi_search(
     trial = _trial(proxied, f"{search_id}-proxy", uniform)
     run = continue_run(trial, workspace, progress, callbacks=[reweighting], restart=True)
     if run.how == "reused":
-        raise ValueError(
-            f"search {search_id}: its proxy run {run.run_id} finished but the record was not "
-            "written, so its reweighting is lost; give the search another search_id"
+        raise ArgumentError(
+            "search {id}: its proxy run {run} finished but the record was not written, so "
+            "its reweighting is lost; give the search another {search_id}",
+            id=search_id,
+            run=run.run_id,
         )
     clock.trained(run)
     for i, result in enumerate((ref, run)):

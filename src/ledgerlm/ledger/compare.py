@@ -27,6 +27,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ledgerlm.ledger.events import TEST_EVALUATION, latest_json
+
 RULE = (
     "time-to-target = wall time of all phases up to the evaluation that confirms the "
     "target (the first to complete the contract's number of consecutive evaluations at "
@@ -130,10 +132,9 @@ def held_out_metrics(summary: Mapping[str, Any]) -> dict[str, Any] | None:
     the held-out test split, ``data.test_fraction``), else from the confirming
     evaluation when it carries them, else from the last evaluation that does.
     """
-    for event in summary.get("events", []):
-        if event.get("kind") == "test_evaluation":  # the runner's once-only test score
-            found = json.loads(event["message"])
-            return {k: found[k] for k in ("step", "snapshot", "metrics")}
+    found = latest_json(summary, TEST_EVALUATION)  # the runner's once-only test score
+    if found is not None:
+        return {k: found[k] for k in ("step", "snapshot", "metrics")}
     evals = list(summary.get("evaluations", []))
     confirming = (summary.get("time_to_target") or {}).get("evaluation")
     candidates = ([confirming] if confirming else []) + evals[::-1]

@@ -12,6 +12,7 @@ from cli_runner import TINY
 from ledgerlm.cli.render import contract, target_contract_line
 from ledgerlm.config import load_recipe
 from ledgerlm.ledger import Ledger, events
+from ledgerlm.ledger.compare import held_out_metrics
 from ledgerlm.ledger.events import TARGET_CONTRACT, latest, target_contract
 from ledgerlm.report import mllog
 
@@ -71,3 +72,12 @@ def test_both_readers_go_through_the_one_lookup(tmp_path, monkeypatch):
     monkeypatch.setattr(events, "latest", first)
     assert contract(summary) == FIRST
     assert mllog._contract(summary) == FIRST
+
+
+def test_the_comparison_takes_the_test_score_from_its_event():
+    score = {"step": 40, "snapshot": "w40", "metrics": {"test/loss": 3.5}, "targets": 9}
+    events = [{"kind": "test_evaluation", "message": json.dumps(score)}]
+    evaluation = {"step": 30, "snapshot": "w30", "metrics": {"test/loss": 9.0}}
+    summary = {"events": events, "evaluations": [evaluation], "time_to_target": None}
+    assert held_out_metrics(summary) == {k: score[k] for k in ("step", "snapshot", "metrics")}
+    assert held_out_metrics({**summary, "events": []})["step"] == 30

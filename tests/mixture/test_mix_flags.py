@@ -1,52 +1,12 @@
 """``mix plan`` and ``mix search`` name the flags where the library names its arguments
-(``cli.mix_cmd.flags_in_errors``)."""
+(an ``ArgumentError``, worded by ``friendly_errors(flags=...)``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ledgerlm.cli.mix_cmd import SEARCH_FLAGS, flags_in_errors
-
-
-@pytest.mark.parametrize(
-    ("library", "console"),
-    [
-        (
-            "proxy may not change [data] or [tokenizer]: the trials must share the data",
-            "--proxy may not change [data] or [tokenizer]: the trials must share the data",
-        ),
-        ("proxy: unknown key 'modle.d_model'", "--proxy: unknown key 'modle.d_model'"),
-        (
-            "trials 2: a regression needs at least 3 trials",
-            "--trials 2: a regression needs at least 3 trials",
-        ),
-        (
-            "m.json: search s was planned from another recipe or settings; run it with the "
-            "same recipe and flags, or give this one another search_id",
-            "m.json: search s was planned from another recipe or settings; run it with the "
-            "same recipe and flags, or give this one another --name",
-        ),
-    ],
-)
-def test_a_library_error_naming_an_argument_names_its_flag(library, console):
-    with pytest.raises(ValueError) as info, flags_in_errors(SEARCH_FLAGS):
-        raise ValueError(library)
-    assert str(info.value) == console
-
-
-@pytest.mark.parametrize(
-    "message",
-    [
-        "/tmp/search_id/mixtures/search_id.json: not a search record",  # a path holding it
-        "the proxy trials must share the data",  # the word, not leading
-        "trialsome: not an argument",
-    ],
-)
-def test_other_errors_pass_unchanged(message):
-    error = ValueError(message)
-    with pytest.raises(ValueError) as info, flags_in_errors(SEARCH_FLAGS):
-        raise error
-    assert info.value is error
+from ledgerlm.cli.mix_cmd import SEARCH_FLAGS
+from ledgerlm.cli.ui import error_line
 
 
 def test_the_proxy_errors_of_a_search_show_the_proxy_flag():
@@ -61,6 +21,20 @@ def test_the_proxy_errors_of_a_search_show_the_proxy_flag():
         with pytest.raises(ValueError) as info:
             proxy_recipe(base, proxy)
         assert str(info.value).startswith(library)  # the library names its argument
-        with pytest.raises(ValueError) as info, flags_in_errors(SEARCH_FLAGS):
-            proxy_recipe(base, proxy)
-        assert str(info.value).startswith(f"--{library}")  # the console the flag
+        assert error_line(info.value, SEARCH_FLAGS).startswith(f"--{library}")  # the console
+
+
+def test_a_search_planned_otherwise_names_the_name_flag(tmp_path):
+    from ledgerlm.lab.mix_search import start_record
+    from ledgerlm.workspace import Workspace
+
+    ws = Workspace(tmp_path)
+    start_record(ws, "mixes", {"trials": 3})
+    with pytest.raises(ValueError) as info:
+        start_record(ws, "mixes", {"trials": 4})
+    assert str(info.value).endswith("give this one another search_id")
+    line = error_line(info.value, SEARCH_FLAGS)
+    assert line == (
+        f"{ws.search_file('mixes')}: search mixes was planned from another recipe or "
+        "settings; run it with the same recipe and flags, or give this one another --name"
+    )

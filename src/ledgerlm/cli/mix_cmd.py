@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -37,30 +34,10 @@ app = typer.Typer(
 app.command("fit")(mix_fit.fit)
 
 
-#: The library's arguments as the commands' flags: a library error names the argument
-#: at fault, the console the flag (``flags_in_errors``).
+#: The library's arguments as the commands' flags: its ``ArgumentError``s name the
+#: argument at fault, the console the flag (``friendly_errors(flags=...)``).
 PLAN_FLAGS = {"weights": "--weights", "budget_tokens": "--tokens"}
 SEARCH_FLAGS = {"proxy": "--proxy", "trials": "--trials", "search_id": "--name"}
-
-
-@contextmanager
-def flags_in_errors(flags: dict[str, str]) -> Iterator[None]:
-    """A library error naming one of ``flags``' arguments names its flag instead: an
-    argument the message leads with (``weights: ...``, ``proxy may not ...``), and one
-    whose name holds an underscore as a word of a sentence (``another search_id``: no
-    sentence has such a word, and a path holds it after a slash, not a space)."""
-    try:
-        yield
-    except ValueError as exc:
-        text = str(exc)
-        for argument, flag in flags.items():
-            if re.match(rf"{argument}[: ]", text):
-                text = flag + text[len(argument) :]
-            if "_" in argument:
-                text = re.sub(rf"(?<= ){argument}(?=$|[ ,;.)])", flag, text)
-        if text == str(exc):
-            raise
-        raise ValueError(text) from None
 
 
 def _pairs(text: str, what: str) -> dict[str, float]:
@@ -92,7 +69,7 @@ def print_plan(planned: dict, to_stderr: bool = False) -> None:
 
 
 @app.command("plan")
-@friendly_errors
+@friendly_errors(flags=PLAN_FLAGS)
 def plan(
     recipe: Annotated[
         Path | None,
@@ -144,8 +121,7 @@ def plan(
         if pools is None or weights is None or tokens is None:
             raise ValueError("give a recipe, or --pools, --weights and --tokens")
         mix, pool = _pairs(weights, "--weights"), _pairs(pools, "--pools")
-        with flags_in_errors(PLAN_FLAGS):
-            found = plan_mixture(pool, mix, tokens, max_epochs)
+        found = plan_mixture(pool, mix, tokens, max_epochs)
     else:
         from ledgerlm.lab.mixture import plan_recipe
         from ledgerlm.workspace import Workspace
@@ -170,7 +146,7 @@ def _num(v: float | None, fmt: str = ".4f") -> str:
 
 
 @app.command("search")
-@friendly_errors
+@friendly_errors(flags=SEARCH_FLAGS)
 def search(
     recipe: Annotated[Path, typer.Argument(help="Recipe TOML file (the target-scale run).")],
     trials: Annotated[
@@ -254,7 +230,7 @@ def search(
         raise ValueError(f"--method {method!r}: use regmix or doremi")
     base = load_recipe(recipe, set_)
     if method == "doremi":
-        with RichProgress(lines=not as_json) as progress, flags_in_errors(SEARCH_FLAGS):
+        with RichProgress(lines=not as_json) as progress:
             record = doremi_search(
                 base,
                 Workspace(workspace),
@@ -267,7 +243,7 @@ def search(
         else:
             print_doremi(record)
         return
-    with RichProgress(lines=not as_json) as progress, flags_in_errors(SEARCH_FLAGS):
+    with RichProgress(lines=not as_json) as progress:
         record = search_mixture(
             base,
             Workspace(workspace),

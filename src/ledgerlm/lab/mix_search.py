@@ -143,7 +143,7 @@ def start_record(workspace: Workspace, search_id: str, plan: dict[str, Any]) -> 
         if not isinstance(record, dict) or record.get("plan_sha256") != digest:
             raise ArgumentError(
                 "{path}: search {id} was planned from another recipe or settings; run it "
-                "with the same recipe and flags, or give this one another --name",
+                "with the same recipe and flags, or give this one another {search_id}",
                 path=path,
                 id=search_id,
             )

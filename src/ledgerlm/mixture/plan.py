@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ledgerlm.config import MixtureConfig
+from ledgerlm.errors import ArgumentError
 from ledgerlm.mixture.schedule import Segment, expected_tokens
 
 #: Above this exposure a domain is flagged: the recipe's ``data.mixture.max_epochs``
@@ -80,15 +81,17 @@ def plan_mixture(
     """The plan of one mixture ``weights`` (domain -> p_i, summing to 1) over ``pools``
     (domain -> S_i, whole tokens) for a budget of ``budget_tokens`` training tokens (a
     positive number, whole tokens counted), flagging above ``max_epochs`` (default
-    ``DEFAULT_MAX_EPOCHS``). Errors name the argument at fault."""
+    ``DEFAULT_MAX_EPOCHS``). Errors are ``ArgumentError``s naming the argument at fault."""
     total = sum(weights.values())
     if abs(total - 1) > WEIGHT_SUM_TOLERANCE:
-        raise ValueError(f"weights: the weights sum to {total:g}, not 1")
+        raise ArgumentError("{weights}: the weights sum to {total:g}, not 1", total=total)
     unknown = sorted(set(weights) - set(pools))
     if unknown:
-        raise ValueError(f"weights: no pool given for {', '.join(unknown)}")
+        raise ArgumentError("{weights}: no pool given for {unknown}", unknown=", ".join(unknown))
     if not math.isfinite(budget_tokens) or budget_tokens <= 0:
-        raise ValueError(f"budget_tokens: {budget_tokens:g} is not a positive number")
+        raise ArgumentError(
+            "{budget_tokens}: {given:g} is not a positive number", given=budget_tokens
+        )
     return plan_segments(
         {d: int(s) for d, s in pools.items()},
         [Segment(None, dict(weights))],

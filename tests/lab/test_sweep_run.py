@@ -14,9 +14,10 @@ from ledgerlm.lab.scaling.points import load_points
 from ledgerlm.lab.scaling.summary import fit_summary
 from ledgerlm.lab.sweep import record_plan, run_sweep, sweep_id_of, sweep_points
 from ledgerlm.ledger import Ledger
+from ledgerlm.ledger.events import SWEEP
 from ledgerlm.ledger.store import LedgerError
 from ledgerlm.scaling.law import LawParams
-from ledgerlm.scaling.sweep import EVENT, SweepError, plan
+from ledgerlm.scaling.sweep import SweepError, plan
 from ledgerlm.shape import param_count
 from ledgerlm.workspace import Workspace
 
@@ -43,7 +44,7 @@ def _fake_run(ledger, name, recipe, *, tokens, losses, event=None, status="not r
         )
     ledger.set_counters(run, {"tokens": tokens, "optimizer_updates": 10 * len(losses)})
     if event is not None:
-        ledger.add_event(run, EVENT, json.dumps(event))
+        ledger.add_event(run, SWEEP, json.dumps(event))
     ledger.finish_run(run, status)
     return run
 
@@ -205,4 +206,4 @@ def test_a_failed_point_stays_in_the_sweep(tmp_path):
 
 def _event(ledger, run_id):
     summary = ledger.run_summary(run_id)
-    return json.loads(next(e["message"] for e in summary["events"] if e["kind"] == EVENT))
+    return json.loads(next(e["message"] for e in summary["events"] if e["kind"] == SWEEP))

@@ -33,10 +33,10 @@ import numpy as np
 
 from ledgerlm.config import NAME_MAX, NAME_RULE, Recipe, is_name, shown
 from ledgerlm.lab.status import with_liveness
+from ledgerlm.ledger.events import SWEEP, latest_json
 from ledgerlm.ledger.store import Ledger, LedgerError
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.scaling.sweep import (
-    EVENT,
     SWEEP_ID,
     PlanPoint,
     SweepError,
@@ -57,7 +57,7 @@ def _run_by_name(ledger: Ledger, name: str) -> str | None:
 
 
 def _record(ledger: Ledger, run_id: str, message: dict[str, Any]) -> None:
-    ledger.add_event(run_id, EVENT, json.dumps(message))
+    ledger.add_event(run_id, SWEEP, json.dumps(message))
 
 
 class _Named:
@@ -269,11 +269,7 @@ class SweepPoints:
 
 
 def _sweep_event(summary: dict[str, Any]) -> dict[str, Any] | None:
-    found = None
-    for event in summary["events"]:
-        if event["kind"] == EVENT:
-            found = json.loads(event["message"])
-    return found
+    return latest_json(summary, SWEEP)
 
 
 def _vocab(summary: dict[str, Any], workspace: Workspace | None) -> int:

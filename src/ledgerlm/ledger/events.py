@@ -29,6 +29,7 @@ VERSIONS_VERIFIED = "versions_verified"  # per version: reused, and what the che
 TEST_EVALUATION = "test_evaluation"  # the final weights scored once on the test split
 CONTINUED_PRETRAINING = "continued_pretraining"  # before/after rows against the initial run
 MIX_SEARCH = "mix_search"  # the mixture search a trial run belongs to
+SWEEP = "sweep"  # the scaling sweep a run belongs to (its plan point)
 SINKS = "sinks"  # the seconds each sink cost
 TRAIN_END = "train_end"  # why training stopped (plain text)
 RESUME = "resume"  # where a resumed run went on from (plain text)

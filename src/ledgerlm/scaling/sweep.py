@@ -64,7 +64,6 @@ TIE_MARGIN = 0.01  # shapes within this log distance of the closest N count as t
 MAX_MISS = math.log(1.25)  # no shape within 25% of the target: an error
 EVALS_PER_RUN = 8
 LR_RULES = ("fixed", "sqrt")
-EVENT = "sweep"  # the ledger event kind that groups a sweep's runs
 SWEEP_ID = re.compile(r"(.+-sweep-[0-9a-f]{6})")  # a run of the sweep is named <id>-<point>
 
 SHAPE_RULE = (

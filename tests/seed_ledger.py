@@ -1,4 +1,4 @@
-"""The SPEC T4 seed ledger: runs written straight through the Ledger API, no training."""
+"""The requirement T4 seed ledger: runs written straight through the Ledger API, no training."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def seed_run(
     checkpoint: bool = False,
     finish: str | None = None,
 ) -> str:
-    """SPEC T4: eval every 500 steps, each eval phase 20 s, val_loss reaching THRESHOLD at
+    """requirement T4: eval every 500 steps, each eval phase 20 s, val_loss reaching THRESHOLD at
     ``cross_step``.
 
     ``threshold`` is the run's target only: the curve stays the same, so a run with

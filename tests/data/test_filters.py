@@ -1,4 +1,4 @@
-"""SPEC D3: document filters drop with a reason, and per-group counts add up and merge."""
+"""Requirement D3: document filters drop with a reason, and per-group counts add up and merge."""
 
 from __future__ import annotations
 

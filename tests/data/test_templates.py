@@ -1,4 +1,4 @@
-"""SPEC D2: lines repeated across many documents of one source are removed, per source."""
+"""Requirement D2: lines repeated across many documents of one source are removed, per source."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Splits by time (SPEC D7): documents dated on or after data.split_time are held out,
+"""Splits by time (requirement D7): documents dated on or after data.split_time are held out,
 undated ones go to train and are counted, and a near-duplicate cluster never straddles
 the cut. Real JSONL and Parquet files through the real data stage."""
 

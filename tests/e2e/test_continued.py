@@ -1,4 +1,4 @@
-"""SPEC T6 through the CLI: ``ledgerlm train RECIPE --init-from RUN`` starts from the
+"""Requirement T6 through the CLI: ``ledgerlm train RECIPE --init-from RUN`` starts from the
 run's weights and tokenizer and reports every domain before and after."""
 
 import json

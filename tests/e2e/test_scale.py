@@ -1,4 +1,4 @@
-"""SPEC S1-S4 through the CLI: a real 3 x 2 sweep of the tiny recipe on one data version,
+"""requirements S1-S4 through the CLI: a real 3 x 2 sweep of the tiny recipe on one data version,
 its fit, and fit/recommend on a CSV written from known parameters."""
 
 import csv

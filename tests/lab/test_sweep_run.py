@@ -1,4 +1,4 @@
-"""SPEC S1: running a sweep (a failed point stays in it) and reading its points back from
+"""Requirement S1: running a sweep (a failed point stays in it) and reading its points back from
 the ledger. The plans themselves: tests/scaling/test_sweep.py."""
 
 import json

@@ -1,4 +1,4 @@
-"""Comparing runs (SPEC T5) on the SPEC T4 seed ledger, and `ledgerlm ledger compare`."""
+"""Comparing runs (requirement T5) on the T4 worked ledger, and `ledgerlm ledger compare`."""
 
 from __future__ import annotations
 

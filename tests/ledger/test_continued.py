@@ -1,4 +1,4 @@
-"""SPEC T6: continued pretraining reports every domain before and after."""
+"""Requirement T6: continued pretraining reports every domain before and after."""
 
 import pytest
 

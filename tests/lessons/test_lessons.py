@@ -1,4 +1,4 @@
-"""The teaching checks of SPEC E (seed 000, section 08) as a library: every lesson passes
+"""The teaching checks of requirements E (seed 000, section 08) as a library: every lesson passes
 with the project's functions as they are, and fails when the function it exercises
 misbehaves or when it is held to a wrong expected value."""
 

@@ -79,7 +79,7 @@ def update_rows(n: int, sec_per_step: float) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def ledger_ws(tmp_path_factory) -> tuple[Path, list[str]]:
-    """A workspace whose ledger holds A, D (SPEC T4), a run that never reaches the target
+    """A workspace whose ledger holds A, D (requirement T4), a run that never reaches the target
     and a run named like a script, with a recipe value that is markup too; each run ends
     with a checkpoint phase and has its per-update rows."""
     ws = tmp_path_factory.mktemp("report")

@@ -1,4 +1,5 @@
-"""SPEC S3 (compute-optimal allocation with its interval), S4 (lifecycle cost), S5 (budget)."""
+"""Requirements S3 (compute-optimal allocation with its interval), S4 (lifecycle cost), S5
+(budget)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""The scaling-law estimator (SPEC S2): Huber fit on log loss, bootstrap, held-out errors,
+"""The scaling-law estimator (requirement S2): Huber fit on log loss, bootstrap, held-out errors,
 isoFLOP profiles; checked on synthetic laws and on Epoch AI's reconstruction of
 Hoffmann et al.'s runs (Besiroglu et al. 2024)."""
 

@@ -1,4 +1,4 @@
-"""SPEC S1: sweep plans (shape rule, token and isoFLOP budgets, tuning rule). Running a
+"""Requirement S1: sweep plans (shape rule, token and isoFLOP budgets, tuning rule). Running a
 sweep and reading its points back from the ledger: tests/lab/test_sweep_run.py."""
 
 import math

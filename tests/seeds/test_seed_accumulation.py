@@ -1,4 +1,4 @@
-"""Seed 003, section 5.1 (SPEC L3): 8 micro-batches x 65536 supervised targets = 524288
+"""Seed 003, section 5.1 (requirement L3): 8 micro-batches x 65536 supervised targets = 524288
 targets per update: 8 backward passes and 1 optimizer step, counted on the real Trainer.
 
 The full-size step (8 x 2048 rows x 32 targets) takes about 10 s on a small CPU, so it

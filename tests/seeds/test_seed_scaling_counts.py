@@ -46,7 +46,7 @@ SEED_LAW = LawParams(E=0.0, A=1.0, B=1.0, alpha=0.34, beta=0.28)
 
 @pytest.mark.parametrize("c", [4.0, 100.0])
 def test_with_unequal_exponents_compute_growth_is_not_split_alike(c):
-    # seed 002, 3: "这是一个计数例子，不是最优分配定律"; SPEC S3's worked example (A = B = 1,
+    # seed 002, 3: "这是一个计数例子，不是最优分配定律"; requirement S3's worked example (A = B = 1,
     # alpha = .34, beta = .28, C = N D = 256 -> N* = 16.734, D* = 15.298) grown by c:
     # N* by c^(.28/.62), D* by c^(.34/.62), the data taking the larger share
     n, d = (float(x) for x in compute_optimal(SEED_LAW, 256.0 * c, kappa=1.0))

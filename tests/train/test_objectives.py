@@ -1,4 +1,4 @@
-"""SPEC L2: token mean vs sequence mean, reduced from any per-target loss."""
+"""Requirement L2: token mean vs sequence mean, reduced from any per-target loss."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""SPEC L5: warmup and decay by optimizer step or by consumed tokens, stated explicitly."""
+"""Requirement L5: warmup and decay by optimizer step or by consumed tokens, stated explicitly."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""SPEC L6: a loss spike is logged against its step and the data that produced it, and
+"""Requirement L6: a loss spike is logged against its step and the data that produced it, and
 under ``on_spike = "skip"`` its update is dropped as a non-finite one is."""
 
 import json

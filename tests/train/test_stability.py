@@ -1,4 +1,4 @@
-"""SPEC L6: gradient norm, clipping and non-finite values are observed, never silent."""
+"""Requirement L6: gradient norm, clipping and non-finite values are observed, never silent."""
 
 import json
 import math

@@ -1,5 +1,5 @@
-"""``ledgerlm lessons``: the teaching checks of SPEC E (seed 000, section 08), each computed
-with the project's own functions against the seeds' worked numbers, with a verdict."""
+"""``ledgerlm lessons``: the teaching checks of requirements E (docs/requirements.md), each
+computed with the project's own functions against the worked numbers, with a verdict."""
 
 from __future__ import annotations
 
@@ -63,8 +63,9 @@ def lessons(
 # One line per lesson: a paragraph opening with \b keeps its line breaks in --help.
 lessons.__doc__ = "\n\n".join(
     [
-        "Run the teaching checks (SPEC E): small CPU computations through the project's own "
-        "functions, compared with the seeds' worked numbers; exit code 1 when one fails.",
+        "Run the teaching checks (requirements E): small CPU computations through the "
+        "project's own functions, compared with the worked numbers of docs/requirements.md; "
+        "exit code 1 when one fails.",
         "\b\n" + "\n".join(f"{name}: {lesson.summary}" for name, lesson in LESSONS.items()),
     ]
 )

@@ -1,4 +1,4 @@
-"""Out-of-core clustering of near-duplicate candidates (SPEC D4).
+"""Out-of-core clustering of near-duplicate candidates (requirement D4).
 
 Documents arrive shard by shard; only their LSH band keys are kept, on disk, hash
 partitioned. Clustering then reads one partition at a time, turns documents that share a

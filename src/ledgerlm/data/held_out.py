@@ -1,4 +1,4 @@
-"""Held-out splits fixed by the user (``[eval] sources`` and ``test_sources``, SPEC T1).
+"""Held-out splits fixed by the user (``[eval] sources`` and ``test_sources``, requirement T1).
 
 A fixed validation or test set is read as given: it is not filtered, deduplicated or
 split, so the set a target is confirmed on is exactly the one the user named. Its

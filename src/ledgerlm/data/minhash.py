@@ -1,4 +1,4 @@
-"""MinHash signatures and LSH band keys over word shingles, vectorized with numpy (SPEC D4).
+"""MinHash signatures and LSH band keys over word shingles, vectorized with numpy (requirement D4).
 
 Shingles and their hashes come from ``shingles``; the choice of bands and rows from
 ``lsh_tuning``. Design choices, and why:

@@ -1,4 +1,4 @@
-"""The words of a normalized text, hashed, and their shingles and digests (SPEC D4).
+"""The words of a normalized text, hashed, and their shingles and digests (requirement D4).
 
 Near dedup (``minhash``), exact dedup (``word_digests``, the key the data stage groups by)
 and contamination (n-grams of evaluation texts) read the same words, hashed the same way.

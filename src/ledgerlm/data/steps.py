@@ -1,4 +1,4 @@
-"""The contract of a data step, and the per-group counters every step reports (SPEC D3).
+"""The contract of a data step, and the per-group counters every step reports (requirement D3).
 
 A pass rate alone hides who paid for it: a filter that drops 3 % overall may drop 60 % of
 one language or of one year. So every step counts what it saw and what it dropped per

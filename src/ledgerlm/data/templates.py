@@ -1,4 +1,4 @@
-"""Template line removal (SPEC D2): banners, headers, footers and navigation repeated
+"""Template line removal (requirement D2): banners, headers, footers and navigation repeated
 across many documents of one source.
 
 Two passes so that it streams. Pass 1 (``LineCounter``) counts, per source, in how many

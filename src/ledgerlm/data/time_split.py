@@ -1,4 +1,4 @@
-"""Splits by time (SPEC D7, ``data.split = "time"``): the future is held out.
+"""Splits by time (requirement D7, ``data.split = "time"``): the future is held out.
 
 A document's date travels through the passes as one int64, microseconds since
 1970-01-01 UTC (``UNDATED`` for a document without one), beside its digest and

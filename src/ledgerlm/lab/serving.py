@@ -1,4 +1,4 @@
-"""What serving a model costs on this machine (SPEC S4), as ``ledgerlm scale
+"""What serving a model costs on this machine (requirement S4), as ``ledgerlm scale
 serving-cost`` measures it; the CLI only parses arguments and prints.
 
 The lifecycle allocation charges ``k N`` FLOPs per served token with k = 2 by default:

@@ -1,4 +1,4 @@
-"""Running a scaling sweep and reading its points back (SPEC S1).
+"""Running a scaling sweep and reading its points back (requirement S1).
 
 The plan (shape, token and tuning rules, what N counts) is ``ledgerlm.scaling.sweep``;
 this module joins it to the runner and the ledger.

@@ -1,4 +1,4 @@
-"""Comparing runs (SPEC T5): execution speed-ups apart from recipe changes, seeds apart.
+"""Comparing runs (requirement T5): execution speed-ups apart from recipe changes, seeds apart.
 
 Everything here is computed from ``Ledger.run_summary`` dicts, so it works on any ledger
 and on hand-built summaries in tests. Three questions are kept separate:

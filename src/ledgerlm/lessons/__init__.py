@@ -1,4 +1,4 @@
-"""Teaching checks that ship with the system (SPEC E; seed 000, section 08).
+"""Teaching checks that ship with the system (requirements E, docs/requirements.md).
 
 Each lesson is a small CPU computation through the project's own public functions
 (the data stage's dedup weights, the training objectives, the learning-rate schedule,

@@ -1,5 +1,5 @@
 """The confirm-target lesson: time to target is paid until the confirming evaluation
-(seed 000 section 05; SPEC T3, T4)."""
+(requirements T3, T4)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from typing import Any
 
 from ledgerlm.lessons.checks import Checks, Expected, LessonResult, fmt, mark
 
-# Seed 000, section 05 (SPEC T4): every 500 steps an evaluation of 20 s, the target
+# Requirement T4: every 500 steps an evaluation of 20 s, the target
 # confirmed only at an evaluation, preparation included. A: 2000 steps x 1 s -> 2080 s;
 # B: 2000 x 0.6 s -> 1280 s; C: 4000 x 0.8 s -> 3360 s; D: prep 300 s, reaches the
 # target at step 1200 but is confirmed at 1500 x 0.9 s -> 300 + 1350 + 3 x 20 = 1710 s.
-# A record that never reaches the target is "not reached" (SPEC T3), never done.
+# A record that never reaches the target is "not reached" (requirement T3), never done.
 CONFIRM_EVERY = 500
 CONFIRM_EVAL_SECONDS = 20.0
 CONFIRM_THRESHOLD = 3.0
@@ -59,7 +59,7 @@ def _record(steps: int, seconds: float, crossing: int, prep: float) -> tuple[lis
 
 def confirm_target(expected: Expected | None = None) -> LessonResult:
     """Synthetic quality records scanned at an evaluation interval for the first confirmed
-    target point (the seed's A/B/C/D ledger), and a record that never reaches it."""
+    target point (requirement T4's A/B/C/D ledger), and a record that never reaches it."""
     from ledgerlm.ledger.target import meets, time_to_target
 
     checks = Checks(CONFIRM_TARGET, expected)
@@ -120,7 +120,7 @@ def confirm_target(expected: Expected | None = None) -> LessonResult:
     return LessonResult(
         "confirm-target",
         "Time to target is paid until the confirming evaluation",
-        "seed 000 section 05; SPEC T3, T4",
+        "requirements T3, T4",
         lines,
         checks.items,
         values,

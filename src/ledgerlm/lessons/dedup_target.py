@@ -1,5 +1,5 @@
 """The dedup-target lesson: exact dedup moves the squared-error optimum unless weights
-preserve it (seed 000 section 03; SPEC D5)."""
+preserve it (requirement D5)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from fractions import Fraction
 from ledgerlm.lessons.checks import Checks, Expected, LessonResult, fmt
 from ledgerlm.lessons.squared_error import gradient_at
 
-# Seed 000, section 03 (SPEC D5): "targets y=[0,0,2]: uniform mean 2/3; after dedup
+# Requirement D5: "targets y=[0,0,2]: uniform mean 2/3; after dedup
 # [0,2] uniform mean 1; weights 2/3 and 1/3 restore 2/3. For squared error, the
 # optimum moves." The gradients follow: the squared-error objective of the raw records
 # has gradient c - 2/3, so 0 at 2/3 and 1/3 at the rebalanced optimum 1.
@@ -81,7 +81,7 @@ def dedup_target(expected: Expected | None = None) -> LessonResult:
     return LessonResult(
         "dedup-target",
         "Dedup changes the target unless weights preserve it",
-        "seed 000 section 03; SPEC D5",
+        "requirement D5",
         lines,
         checks.items,
         {

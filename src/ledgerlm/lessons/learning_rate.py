@@ -1,5 +1,5 @@
 """The learning-rate lesson: gradient descent on a quadratic with a good and a too-large
-rate (seed 003 section 5.5.1; seed 000 section 08)."""
+rate (requirements L2, E)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any
 
 from ledgerlm.lessons.checks import Checks, Expected, LessonResult, fmt
 
-# Seed 003, section 5.5.1: row B's loss (3 - 2 theta)^2 / 2 from theta = 1, SGD with
+# The quadratic example of requirement L2: row B's loss (3 - 2 theta)^2 / 2 from theta = 1, SGD with
 # eta = 0.1. Its curvature is 2^2 = 4, so gradient descent contracts the distance to
 # the optimum theta* = 1.5 by 1 - 4 eta per step and is stable only for
-# 0 < eta < 2/4 = 0.5 (seed 000, section 08: a good and a too-large learning rate):
+# 0 < eta < 2/4 = 0.5 (requirements E: a good and a too-large learning rate):
 # eta = 0.1 contracts by 0.6, eta = 0.6 expands by -1.4, eta = 0.5 oscillates (-1).
 LR_ROW = 6  # row B's six identical targets
 LR_STEPS = 20
@@ -61,7 +61,7 @@ def _descend(lr: float, steps: int) -> list[float]:
 
 
 def learning_rate(expected: Expected | None = None) -> LessonResult:
-    """One-dimensional gradient descent on the seed's quadratic with a good and a too-large
+    """One-dimensional gradient descent on requirement L2's quadratic with a good and a too-large
     learning rate: convergence, divergence, and the bound 2 / curvature between them."""
     import torch
 
@@ -86,8 +86,8 @@ def learning_rate(expected: Expected | None = None) -> LessonResult:
         values[f"{key}_distance"] = abs(path[-1] - optimum)
     good, large, edge = LR_RATES["good"], LR_RATES["large"], LR_RATES["edge"]
     lines = [
-        f"objective: row B of seed 003, {LR_ROW} targets of (3 - 2 theta)^2 / 2, token mean; "
-        f"theta starts at 1; SGD at the schedule's rate (constant), {LR_STEPS} steps",
+        f"objective: row B of the quadratic example, {LR_ROW} targets of (3 - 2 theta)^2 / 2, "
+        f"token mean; theta starts at 1; SGD at the schedule's rate (constant), {LR_STEPS} steps",
         checks.equal("curvature", "curvature (second derivative, autograd)", curvature_v).line(),
         checks.equal("optimum", "optimum theta*", optimum).line(),
         checks.equal("stability_bound", "stable for lr below 2 / curvature", bound).line(),
@@ -109,7 +109,7 @@ def learning_rate(expected: Expected | None = None) -> LessonResult:
     return LessonResult(
         "learning-rate",
         "A good and a too-large learning rate on a quadratic",
-        "seed 003 section 5.5.1; seed 000 section 08",
+        "requirements L2, E",
         lines,
         checks.items,
         values,

@@ -1,5 +1,5 @@
 """The mixture-gradient lesson: one squared-error objective under two domain mixtures
-(seed 003 section 2.1; seed 000 section 08)."""
+(requirements D8, E)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 from ledgerlm.lessons.checks import Checks, Expected, LessonResult, fmt
 from ledgerlm.lessons.squared_error import gradient_at
 
-# Seed 003, section 2.1: pools of 80, 15 and 5 (1e8 tokens) of web, code and math;
+# The mixture of this lesson: pools of 80, 15 and 5 (1e8 tokens) of web, code and math;
 # sampling tokens uniformly gives 80%/15%/5%, the math-heavy mixture 50%/30%/20%; with
 # D = 10e9 tokens math is seen 4 times, code 2 times, web 0.625 times (section 2.1.1).
-# Seed 000, section 08 asks for the gradient of a squared error under two mixtures. The
+# Requirements E ask for the gradient of a squared error under two mixtures. The
 # per-domain targets are this lesson's own setting (web 0, code 1, math 4), so the
 # optimum c* = sum p_i y_i is 0.8*0 + 0.15*1 + 0.05*4 = 0.35 under the natural mixture
 # and 0.5*0 + 0.3*1 + 0.2*4 = 1.1 under the math-heavy one; each objective's gradient
@@ -96,7 +96,7 @@ def mixture_gradient(expected: Expected | None = None) -> LessonResult:
     return LessonResult(
         "mixture-gradient",
         "A domain mixture changes the gradient and moves the optimum",
-        "seed 003 section 2.1; seed 000 section 08; SPEC D8",
+        "requirements D8, E",
         lines,
         checks.items,
         values,

@@ -1,13 +1,13 @@
 """Where to spend compute: the compute-optimal split and the lifecycle-optimal one.
 
 Under a training budget C = kappa N D the law L = E + A N^-alpha + B D^-beta is
-minimised where the two marginal returns balance (SPEC S3):
+minimised where the two marginal returns balance (requirement S3):
 
     alpha A N^-alpha = beta B D^-beta
     N* = G (C/kappa)^(beta/(alpha+beta)),  D* = (C/kappa) / N*,
     G  = (alpha A / (beta B))^(1/(alpha+beta)).
 
-A model that will also serve R requests costs more than its training (SPEC S4):
+A model that will also serve R requests costs more than its training (requirement S4):
 
     C_total = C_train + R C_inference,  C_train = kappa N D,
     C_inference = inference_kappa N tokens_per_request   (forward only, ~2 N per token).

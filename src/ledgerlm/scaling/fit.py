@@ -1,4 +1,4 @@
-"""Fitting the parametric scaling law L(N, D) = E + A N^-alpha + B D^-beta (SPEC S2).
+"""Fitting the parametric scaling law L(N, D) = E + A N^-alpha + B D^-beta (requirement S2).
 
 The estimator is Hoffmann et al. (2022)'s "Approach 3" as replicated by Besiroglu
 et al. (2024, "Chinchilla scaling: a replication attempt"): minimize the Huber

@@ -1,4 +1,4 @@
-"""Scaling sweeps (SPEC S1): plan a grid of model sizes N and token budgets D with an
+"""Scaling sweeps (requirement S1): plan a grid of model sizes N and token budgets D with an
 explicit tuning rule. Pure planning: no ledger, no runner, no torch. Running a plan on
 one data version and reading its points back from the ledger is ``ledgerlm.lab.sweep``.
 

@@ -68,7 +68,7 @@ def target_validity(doc_ids: np.ndarray, valid: np.ndarray) -> np.ndarray:
     supervised target when it and the token before it are real and of one segment.
 
     Position 0 predicts nothing (no prefix), so it is always False; ``[..., 1:]`` is
-    the label mask ``m_i = 1[c_i = c_{i+1}]`` of the T prediction rows. Seed 003, 3.2:
+    the label mask ``m_i = 1[c_i = c_{i+1}]`` of the T prediction rows. Requirement P2:
     two packed documents A, B of 4 tokens each give [0,1,1,1,0,1,1,1].
     """
     doc_ids, valid = np.asarray(doc_ids), np.asarray(valid, bool)

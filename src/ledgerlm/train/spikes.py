@@ -1,5 +1,5 @@
 """Loss spikes: an update whose loss is far above the running median of the updates
-before it (SPEC L6).
+before it (requirement L6).
 
 The detector holds the losses of the last ``window`` updates, kept sorted as well as in
 order, so the median is one lookup and each update costs one insertion and at most one

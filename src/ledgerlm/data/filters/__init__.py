@@ -1,4 +1,4 @@
-"""Document filters (SPEC D3): each one a small, picklable, deterministic rule with a reason.
+"""Document filters (requirement D3): each one a small, picklable, deterministic rule with a reason.
 
 Speed matters because every document passes through every filter. The rules lean on
 ``bytes.translate`` over the UTF-8 form, ``split``, ``re`` and ``collections.Counter``

@@ -1,4 +1,4 @@
-"""Raw-record readers (SPEC D1): JSONL, Parquet, folders of text files, ``builtin:stdlib``.
+"""Raw-record readers (requirement D1): JSONL, Parquet, folders of text files, ``builtin:stdlib``.
 
 Inputs are expanded into shards (one file, or one group of text files, per shard) so a
 process pool or Ray can read them in parallel; a shard is a small frozen value that

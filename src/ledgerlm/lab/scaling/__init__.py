@@ -1,4 +1,4 @@
-"""Scaling-law fits of the lab's runs (SPEC S2-S4), as ``ledgerlm scale fit`` and
+"""Scaling-law fits of the lab's runs (requirements S2-S4), as ``ledgerlm scale fit`` and
 ``ledgerlm scale recommend`` compute them; the CLI only parses arguments and prints.
 
 - ``points``: the (N, D, loss) points of a sweep, a list of runs or a CSV table, with

@@ -1,6 +1,6 @@
 """The parts of training a run needs, built in one place for fresh runs, resumes and
 follower ranks: determinism, model and optimizer, this rank's data stream, the
-validation batches, and the ``Trainer`` with its callbacks.
+validation batches, the evaluator, and the ``Trainer`` with its callbacks.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ledgerlm.tokens.loader import train_batches, validation_batches
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.shards import TokenStore
 from ledgerlm.train.budget import BudgetCallback
-from ledgerlm.train.checkpointing import CheckpointCallback, load_training
+from ledgerlm.train.checkpointing import CheckpointCallback, ResumedEval, load_training
 from ledgerlm.train.distributed import RankShard, World, shard_model
 from ledgerlm.train.evaluate import EvalCallback, weights_digest
 from ledgerlm.train.loop import Trainer
@@ -108,6 +108,25 @@ def same_global_batch(recipe: Recipe, saved_ranks: int, world: World) -> Recipe:
 def val_batches(store: TokenStore, recipe: Recipe) -> list[Batch]:
     """The fixed validation set of a recipe, in batches of ``micro_batch_rows``."""
     return validation_batches(store, recipe.pack, recipe.eval, recipe.train.micro_batch_rows)
+
+
+def build_evaluator(
+    val: list[Batch],
+    recipe: Recipe,
+    store: TokenStore,
+    earlier: list[dict[str, Any]] | None = None,
+    saved: dict[str, Any] | None = None,
+) -> EvalCallback:
+    """The run's evaluator on the validation batches ``val``. A resumed (or restarted)
+    run passes the ``earlier`` evaluations the ledger holds and the checkpoint's state
+    ``saved`` (``None`` from step 0): a ``ResumedEval``, owing the evaluation the
+    checkpoint says was owed (``lab.skeleton.checkpointed_if_locked``)."""
+    args = (val, recipe.eval, recipe.pack.attention, store.domains, store.text)
+    if earlier is None:
+        return EvalCallback(*args)
+    step = saved["step"] if saved else 0
+    owed = bool(saved and saved.get("owed_evaluation"))
+    return ResumedEval(*args, earlier=earlier, step=step, owed=owed)
 
 
 def same_replicas(model: torch.nn.Module, world: World) -> None:

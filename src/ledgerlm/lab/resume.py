@@ -20,33 +20,31 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledgerlm.config import Recipe, load_recipe, recipe_from_dict
-from ledgerlm.lab.build import build_parts, placed, same_global_batch
+from ledgerlm.lab.build import build_evaluator, build_parts, placed, same_global_batch
 from ledgerlm.lab.continued import find_version
 from ledgerlm.lab.mixture import use_search
 from ledgerlm.lab.recorder import LedgerRecorder
-from ledgerlm.lab.run import (
-    Handoff,
-    RunResult,
+from ledgerlm.lab.run import RunResult, follow, run_recipe
+from ledgerlm.lab.sinks import check_sinks, open_sinks
+from ledgerlm.lab.skeleton import (
     check_contract,
     check_metric,
     checkpoint_extra,
     eval_sets,
     failing,
-    follow,
+    handoff_message,
     prepare_versions,
+    prologue,
     run_lock,
-    run_recipe,
     train_run,
 )
-from ledgerlm.lab.sinks import check_sinks, open_sinks
 from ledgerlm.lab.status import interrupted
 from ledgerlm.ledger import events
 from ledgerlm.ledger.store import Ledger, LedgerError, require_ledger
-from ledgerlm.progress import NullProgress, Progress
+from ledgerlm.progress import Progress
 from ledgerlm.tokens.shards import TokenStore
 from ledgerlm.train.checkpoint import STATE, resolve_checkpoint
-from ledgerlm.train.checkpointing import ResumedEval
-from ledgerlm.train.distributed import World, one_process
+from ledgerlm.train.distributed import World
 from ledgerlm.workspace import BuiltVersion, Workspace
 
 FINISHED = ("reached", "not reached")
@@ -73,14 +71,10 @@ def resume_run(
     step evaluated again reuses its row when the weights digest matches (see
     ``ResumedEval``). ``callbacks`` are added to the trainer's (one process only).
     """
-    progress = progress or NullProgress()
-    world = world or one_process()
-    if not world.is_main:
-        return follow(None, workspace, world)
-    handoff = Handoff(world)
+    world, progress, handoff = prologue(world, progress, callbacks)
+    if handoff is None:
+        return follow(workspace, world)
     with handoff.guard():
-        if callbacks and world.distributed:
-            raise ValueError("extra trainer callbacks run in one process only")
         require_ledger(workspace.ledger_path)
         ledger = Ledger(workspace.ledger_path)
     try:
@@ -127,18 +121,13 @@ def resume_run(
                     tokens = find_version(workspace, "tokens", run["tokens_version"])
                     store = TokenStore(tokens.path)
                     check_metric(recipe, store)  # as a fresh run checks it
-                handoff.send(
-                    {
-                        "data": data.version,
-                        "tokens": tokens.version,
-                        "recipe": recipe.to_dict(),
-                        "checkpoint": None if restart else str(folder),
-                        "checkpoint_dir": str(folder),
-                        "run_id": run_id,
-                        "earlier": _earlier(before),
-                    }
+                earlier = _earlier(before)
+                start = None if restart else folder
+                message = handoff_message(
+                    run_id, data, tokens, recipe, folder, checkpoint=start, earlier=earlier
                 )
-                parts, saved = build_parts(recipe, store, world, None if restart else folder)
+                handoff.send(message)
+                parts, saved = build_parts(recipe, store, world, start)
                 step = saved["step"] if saved else 0
                 ph.step_end = step
                 cursor = saved["data"].get("cursor") or saved["data"].get("mix") if saved else None
@@ -152,16 +141,7 @@ def resume_run(
                 training = same_global_batch(recipe, ranks, world)
 
                 sets = eval_sets(recorder, store, recipe)
-                evaluator = ResumedEval(
-                    sets.val,
-                    recipe.eval,
-                    recipe.pack.attention,
-                    store.domains,
-                    store.text,
-                    earlier=_earlier(before),
-                    step=step,
-                    owed=bool(saved and saved.get("owed_evaluation")),
-                )
+                evaluator = build_evaluator(sets.val, recipe, store, earlier, saved)
                 train_run(
                     recorder,
                     training,

@@ -4,7 +4,7 @@
 SIGHUP raise ``KeyboardInterrupt(<signal name>)`` in the main thread, so whatever Ctrl-C
 cleans up a ``kill`` (a scheduler's, torchrun's) cleans up too: the temporary checkpoint
 folder, the worker pool, the run's ``interrupted`` event and its status (``failing`` in
-``lab/run.py``). The exit status is then 128 + the signal's number, as a shell reports a
+``lab/skeleton.py``). The exit status is then 128 + the signal's number, as a shell reports a
 process the signal ended (130, 143, 129). A signal that was ignored when the command
 started (``nohup``) stays ignored.
 

@@ -5,7 +5,7 @@ Only the process that writes the ledger opens sinks: rank 0 (the others never bu
 ``LedgerRecorder``). A run checks its sinks' libraries with its other inputs, before the
 run or the ledger exists (``check_sinks``); the live sinks are opened once the run holds
 its lock, each saying where its copy goes through the recorder's ``note``, and closed
-when it ends, normally or not (``lab.run.failing``).
+when it ends, normally or not (``lab.skeleton.failing``).
 
 Files go to ``log.dir``: by default the run's own ``<run dir>/logs`` (TensorBoard's
 event files there, W&B's under ``logs/wandb/``); a folder named in the recipe, which

@@ -1,0 +1,353 @@
+"""The skeleton every run shares, fresh or resumed, on rank 0 or another rank.
+
+The prologue (``prologue``: rank 0 leads, other ranks follow), the ``Handoff`` and
+its one message (``handoff_message``), the guards a run trains under (``run_lock``,
+``failing``, ``checkpointed_if_locked``), the checks on the recipe, the versions and
+evaluation sets built as phases, and training to the end (``train_run``: the final
+checkpoint and the once-only test score). ``lab.run`` starts runs and follows rank 0
+on the other ranks; ``lab.resume`` resumes them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ledgerlm.config import Recipe
+from ledgerlm.data.contamination import contamination_warnings
+from ledgerlm.data.pipeline import prepare_data
+from ledgerlm.lab.build import Parts, build_trainer, val_batches
+from ledgerlm.lab.continued import InitSource
+from ledgerlm.lab.recorder import LedgerRecorder
+from ledgerlm.lab.signals import received, signal_name, undisturbed
+from ledgerlm.ledger import events
+from ledgerlm.ledger.store import LedgerBusyError, LedgerError
+from ledgerlm.progress import NullProgress, Progress
+from ledgerlm.tokens.loader import test_batches
+from ledgerlm.tokens.packing import Batch
+from ledgerlm.tokens.shards import TokenStore, build_tokens
+from ledgerlm.train.checkpointing import save_training
+from ledgerlm.train.distributed import World, one_process
+from ledgerlm.train.evaluate import EvalCallback, evaluate, unigram_entropy, weights_digest
+from ledgerlm.train.loop import Trainer
+from ledgerlm.train.record import Recorder
+from ledgerlm.workspace import BuiltVersion, Workspace
+
+
+class Handoff:
+    """Rank 0 tells the other ranks what to train (versions, checkpoint, earlier
+    evaluations) once it is ready, or that it failed, so no rank waits forever."""
+
+    def __init__(self, world: World) -> None:
+        self.world, self.sent = world, False
+
+    def send(self, message: dict[str, Any] | None) -> None:
+        if self.world.distributed and not self.sent:
+            self.sent = True
+            self.world.broadcast_object(message)
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        try:
+            yield
+        except BaseException:
+            self.send(None)
+            raise
+
+
+@contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """One process trains a run at a time; the kernel drops the lock when it dies."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LedgerError(f"run {run_dir.name} is being trained by another process") from None
+        yield
+
+
+@contextmanager
+def failing(recorder: LedgerRecorder) -> Iterator[None]:
+    """Any error writes the updates still buffered, closes the open phase, records an
+    ``error`` event and marks the run failed; an interrupt (Ctrl-C, SIGTERM, SIGHUP:
+    ``lab/signals.py``) does the same with an ``interrupted`` event naming the signal.
+    However the run ends, its sinks are closed (flushed, with the run's status); a
+    second signal does not cut that short. When the error is the ledger's and the
+    ledger cannot take that either, the error says so (``ledger list`` then calls the
+    run interrupted)."""
+    try:
+        yield
+    except BaseException as exc:
+        with undisturbed():
+            try:
+                recorder.flush()
+                recorder.stop()
+                stop = exc if isinstance(exc, KeyboardInterrupt) else received()
+                if stop is not None:  # the error, if another, came of the signal
+                    recorder.event(events.INTERRUPTED, signal_name(stop))
+                else:
+                    recorder.event(events.ERROR, f"{type(exc).__name__}: {exc}")
+                recorder.ledger.finish_run(recorder.run_id, "failed")
+            except LedgerError as again:
+                if not isinstance(exc, LedgerError):
+                    raise
+                also = "" if str(again) == str(exc) else f" ({again})"
+                raise type(exc)(f"{exc}; nor could the run be marked failed{also}") from None
+        raise
+    finally:
+        with undisturbed():
+            recorder.close()
+
+
+def check_contract(recipe: Recipe, world: World) -> None:
+    if recipe.train.optimizer == "muon" and world.sharded:
+        raise ValueError(
+            "train.optimizer = 'muon' orthogonalizes whole matrices, which FSDP shards; "
+            "use train.parallel = 'ddp' with muon"
+        )
+
+
+def check_metric(recipe: Recipe, store: TokenStore) -> None:
+    """The metric and the per-domain targets name domains the token version has."""
+    metric = recipe.eval.metric
+    if metric != "loss" and metric.split("/", 1)[1] not in store.domains:
+        raise ValueError(
+            f"eval.metric = {metric!r}: the token version has no such domain "
+            f"(domains: {', '.join(store.domains)})"
+        )
+    unknown = sorted(set(recipe.eval.targets) - set(store.domains))
+    if unknown:
+        raise ValueError(
+            f"eval.targets names domain(s) {', '.join(unknown)} that the token version does "
+            f"not have (domains: {', '.join(store.domains)})"
+        )
+
+
+@dataclass
+class EvalSets:
+    """The fixed validation set (its unigram entropy) and the once-only test set."""
+
+    val: list[Batch]
+    entropy: float
+    test: list[Batch]
+
+
+def eval_sets(recorder: LedgerRecorder, store: TokenStore, recipe: Recipe) -> EvalSets:
+    """Build the validation and test batches as an ``eval`` phase."""
+    recorder.start("eval", what="build validation set")
+    val = val_batches(store, recipe)
+    test = test_batches(store, recipe.pack, recipe.eval, recipe.train.micro_batch_rows)
+    return EvalSets(val, unigram_entropy(val), test)
+
+
+def train_run(
+    recorder: LedgerRecorder,
+    recipe: Recipe,
+    parts: Parts,
+    evaluator: EvalCallback,
+    world: World,
+    *,
+    started_at: float,
+    progress: Progress,
+    checkpoints: tuple[Path, dict[str, Any]],
+    test: list[Batch],
+    resumed: dict[str, Any] | None = None,
+    more: Sequence[Any] = (),
+) -> Trainer:
+    """Build the trainer (a ``setup`` phase), train to max_steps, the target or the
+    budget; then the final checkpoint, the once-only test score, and the run's status
+    (reached or not). ``resumed`` is the trainer state of the checkpoint resumed from."""
+    recorder.start("setup", what="trainer")
+    with progress.task("train", total=recipe.train.max_steps) as task:
+        trainer = build_trainer(
+            recipe,
+            parts,
+            evaluator,
+            world,
+            started_at=started_at,
+            recorder=recorder,
+            task=task,
+            checkpoints=checkpoints,
+            resumed=resumed,
+            more=more,
+        )
+        with checkpointed_if_locked(recorder, trainer, evaluator, checkpoints):
+            trainer.fit()
+    with checkpointed_if_locked(recorder, trainer, evaluator, checkpoints):
+        close_training(recorder, trainer, evaluator, checkpoints, test)
+        reached = evaluator.reached_step is not None
+        recorder.ledger.finish_run(recorder.run_id, "reached" if reached else "not reached")
+    return trainer
+
+
+@contextmanager
+def checkpointed_if_locked(
+    recorder: LedgerRecorder,
+    trainer: Trainer,
+    evaluator: EvalCallback,
+    checkpoints: tuple[Path, dict[str, Any]],
+) -> Iterator[None]:
+    """A ledger another process held past ``log.ledger_timeout`` stops the run, but only
+    once it is checkpointed where it stands (the updates the ledger has not taken and
+    an evaluation owed at that step go in the checkpoint), so ``ledgerlm resume``
+    continues it; ``failing`` then marks it failed. A sharded run, which every rank
+    checkpoints together, stops at its last checkpoint."""
+    try:
+        yield
+    except LedgerBusyError as exc:
+        if trainer.world.sharded:
+            raise
+        step = trainer.state.step
+        folder, extra = checkpoints
+        kept = {"unwritten_steps": recorder.rows} if recorder.rows else {}
+        owed = {"owed_evaluation": True} if evaluator.owed else {}
+        save_training(folder, trainer, {**extra, **kept, **owed})
+        raise LedgerBusyError(
+            f"{exc}, past log.ledger_timeout = {recorder.ledger.patience:g} s: the run is "
+            f"checkpointed at step {step} (ledgerlm resume {recorder.run_id} continues it)"
+        ) from None
+
+
+def close_training(
+    recorder: Recorder,
+    trainer: Trainer,
+    evaluator: EvalCallback,
+    checkpoints: tuple[Path, dict[str, Any]],
+    test: list[Batch],
+) -> None:
+    """The final checkpoint and the once-only test score. Rank 0 does it; with a sharded
+    model every rank does (both gather the weights from all ranks)."""
+    state = trainer.state
+    recorder.start("checkpoint", state.step)
+    recorder.counters(state.counters())
+    recorder.event(events.TRAIN_END, state.stop_reason, step=state.step)
+    folder, extra = checkpoints
+    save_training(folder, trainer, extra)
+    if test:
+        _test_once(recorder, trainer, evaluator, test)
+    recorder.stop()
+
+
+def _test_once(
+    recorder: Recorder, trainer: Trainer, evaluator: EvalCallback, test: list[Batch]
+) -> None:
+    """Score the final weights once on the held-out test split (``data.test_fraction``).
+
+    The test set never decides anything during the run (the target is confirmed on
+    the validation set, which tuning also uses); it gives the final figure.
+    """
+    step = trainer.state.step
+    recorder.start("eval", step, what="test set, once")
+    world = trainer.world if trainer.world.sharded else None  # a sharded model: every rank
+    with trainer.autocast():
+        metrics = evaluate(
+            trainer.model, test, evaluator.attention, evaluator.domains, world, evaluator.text
+        )
+    record = {
+        "step": step,
+        "snapshot": weights_digest(trainer.model),
+        "targets": sum(b.num_targets for b in test),
+        "metrics": {f"test/{k}": v for k, v in metrics.items()},
+    }
+    recorder.event(events.TEST_EVALUATION, json.dumps(record), step=step)
+
+
+def prepare_versions(
+    recorder: LedgerRecorder,
+    recipe: Recipe,
+    workspace: Workspace,
+    progress: Progress,
+    verify: bool = True,
+) -> tuple[BuiltVersion, BuiltVersion, TokenStore]:
+    """The data and tokens versions (built, or reused once checked against their
+    manifests: content hashes too unless not ``verify``), as ``prep`` and ``tokenize``;
+    what the checks found is the ``versions_verified`` event."""
+    ph = recorder.start("prep")
+    data = prepare_data(recipe.data_stage(), workspace, progress, verify=verify)
+    ph.detail.update(
+        version=data.version,
+        reused=data.reused,
+        built_seconds=data.build_seconds,
+        verified=data.verified,
+    )
+    for line in contamination_warnings(data.manifest):
+        recorder.event(events.CONTAMINATION, line)
+    ph = recorder.start("tokenize")
+    tokens = build_tokens(data, recipe.tokenizer, workspace, progress, verify=verify)
+    ph.detail.update(
+        version=tokens.version,
+        reused=tokens.reused,
+        built_seconds=tokens.build_seconds,
+        verified=tokens.verified,
+    )
+    recorder.ledger.set_versions(
+        recorder.run_id, data_version=data.version, tokens_version=tokens.version
+    )
+    record_verified(recorder, data, tokens)
+    store = TokenStore(tokens.path)
+    check_metric(recipe, store)
+    return data, tokens, store
+
+
+def record_verified(recorder: LedgerRecorder, *versions: BuiltVersion) -> None:
+    """The ``versions_verified`` event: per version, whether it was reused and what
+    checking it found (files, bytes, the hash, the largest token id) and cost (a version
+    this run built was hashed as it was published)."""
+    found = {
+        v.kind: {"version": v.version, "reused": v.reused, **(v.verified or {})} for v in versions
+    }
+    recorder.event(events.VERSIONS_VERIFIED, json.dumps(found, sort_keys=True))
+
+
+def checkpoint_extra(run_id: str, recipe: Recipe) -> dict[str, Any]:
+    """What every checkpoint of the run records beside the training state."""
+    return {"run_id": run_id, "recipe_sha256": recipe.digest()}
+
+
+def prologue(
+    world: World | None, progress: Progress | None, callbacks: Sequence[Any]
+) -> tuple[World, Progress, Handoff | None]:
+    """The start of every run: this process's world and progress, and on rank 0 the
+    handoff it owes the other ranks (``None`` on those ranks: they ``follow``). Extra
+    trainer callbacks are refused under ``torchrun`` (the other ranks hear of it)."""
+    progress = progress or NullProgress()
+    world = world or one_process()
+    if not world.is_main:
+        return world, progress, None
+    handoff = Handoff(world)
+    with handoff.guard():
+        if callbacks and world.distributed:
+            raise ValueError("extra trainer callbacks run in one process only")
+    return world, progress, handoff
+
+
+def handoff_message(
+    run_id: str,
+    data: BuiltVersion,
+    tokens: BuiltVersion,
+    recipe: Recipe,
+    checkpoint_dir: Path,
+    *,
+    init: InitSource | None = None,
+    checkpoint: Path | None = None,
+    earlier: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """What rank 0 hands the other ranks: the versions, the recipe as stored (a resumed
+    one, or ``init_from`` resolved to a run id), where checkpoints go, and for a resume
+    (or restart) the checkpoint to start from and the evaluations already recorded."""
+    return {
+        "data": data.version,
+        "tokens": tokens.version,
+        "run_id": run_id,
+        "checkpoint_dir": str(checkpoint_dir),
+        "recipe": recipe.to_dict(),
+        "init": init.to_dict() if init is not None else None,
+        "checkpoint": str(checkpoint) if checkpoint is not None else None,
+        "earlier": earlier,
+    }

@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from ledgerlm.config import ModelConfig, TrainConfig
 from ledgerlm.model.gpt import GPT
 from ledgerlm.tokens.packing import Batch, make_batch
-from ledgerlm.train.distributed import RankShard, distributed_world
+from ledgerlm.train.distributed import RankShard, World, distributed_world
 from ledgerlm.train.loop import Trainer
 from ledgerlm.train.optim import build_optimizer
 
@@ -41,6 +41,51 @@ def global_stream(steps: int, spike_at: int) -> list[Batch]:
     return out
 
 
+def _run(args: argparse.Namespace, world: World) -> None:
+    """The step (or steps) and what each rank writes; its engine and trainer are
+    released when it returns, before the process group closes."""
+    world = world.placed("cpu", "ddp" if world.distributed else "none")
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(d_model=16, n_layers=1, n_heads=2), VOCAB).double()
+    own: list[float] = []  # this rank's loss on each of its micro-batches
+    targets = ROWS * (LEN - 1)
+    model.register_forward_hook(lambda m, i, out: own.append(float(out.detach()) / targets))
+    cfg = TrainConfig(
+        micro_batch_rows=ROWS,
+        grad_accum=RANKS // world.size,
+        lr=5e-2,
+        warmup_steps=0,
+        schedule="constant",
+        spike_warmup=5,
+        on_spike="skip",
+    )
+    data = global_stream(args.steps, args.spike_at)
+    trainer = Trainer(
+        model,
+        build_optimizer(model, cfg),
+        cfg,
+        RankShard(iter(data), world),
+        "isolated",
+        world=world,
+    )
+    # A fixed number of attempts, skipped or not: ranks that disagreed on a skip
+    # still run the same collectives, and end with different weights, not a hang.
+    for _ in range(args.steps):
+        trainer.train_step()
+    record = {
+        "skipped": [r.step for r in trainer.state.history if r.skipped],
+        "attempts": [r.step for r in trainer.state.history],
+        "skipped_updates": trainer.state.skipped_steps,
+        "events": trainer.events,
+        "losses": [r.loss for r in trainer.state.history],
+        "own_losses": own,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"rank{world.rank}.json").write_text(json.dumps(record))
+    tensors = {n: p.detach().clone().contiguous() for n, p in model.named_parameters()}
+    save_file(tensors, str(args.out / f"rank{world.rank}.safetensors"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
@@ -49,46 +94,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     with distributed_world() as world:
-        world = world.placed("cpu", "ddp" if world.distributed else "none")
-        torch.manual_seed(0)
-        model = GPT(ModelConfig(d_model=16, n_layers=1, n_heads=2), VOCAB).double()
-        own: list[float] = []  # this rank's loss on each of its micro-batches
-        targets = ROWS * (LEN - 1)
-        model.register_forward_hook(lambda m, i, out: own.append(float(out.detach()) / targets))
-        cfg = TrainConfig(
-            micro_batch_rows=ROWS,
-            grad_accum=RANKS // world.size,
-            lr=5e-2,
-            warmup_steps=0,
-            schedule="constant",
-            spike_warmup=5,
-            on_spike="skip",
-        )
-        data = global_stream(args.steps, args.spike_at)
-        trainer = Trainer(
-            model,
-            build_optimizer(model, cfg),
-            cfg,
-            RankShard(iter(data), world),
-            "isolated",
-            world=world,
-        )
-        # A fixed number of attempts, skipped or not: ranks that disagreed on a skip
-        # still run the same collectives, and end with different weights, not a hang.
-        for _ in range(args.steps):
-            trainer.train_step()
-        record = {
-            "skipped": [r.step for r in trainer.state.history if r.skipped],
-            "attempts": [r.step for r in trainer.state.history],
-            "skipped_updates": trainer.state.skipped_steps,
-            "events": trainer.events,
-            "losses": [r.loss for r in trainer.state.history],
-            "own_losses": own,
-        }
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"rank{world.rank}.json").write_text(json.dumps(record))
-        tensors = {n: p.detach().clone().contiguous() for n, p in model.named_parameters()}
-        save_file(tensors, str(args.out / f"rank{world.rank}.safetensors"))
+        _run(args, world)
 
 
 if __name__ == "__main__":

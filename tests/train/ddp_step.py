@@ -18,7 +18,7 @@ from ledgerlm.config import ModelConfig, TrainConfig
 from ledgerlm.model.gpt import GPT
 from ledgerlm.tokens.packing import batches, pack_documents
 from ledgerlm.train.checkpoint import load_checkpoint, save_checkpoint
-from ledgerlm.train.distributed import RankShard, distributed_world, shard_model
+from ledgerlm.train.distributed import RankShard, World, distributed_world, shard_model
 from ledgerlm.train.loop import Trainer
 from ledgerlm.train.optim import build_optimizer
 
@@ -42,6 +42,53 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def _run(args: argparse.Namespace, world: World) -> None:
+    """The step (or steps) and what each rank writes; its engine and trainer are
+    released when it returns, before the process group closes."""
+    world = world.placed("cpu", args.parallel)
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(d_model=16, n_layers=2, n_heads=2), 40).double()
+    if args.skew and world.rank == 1:  # a wrong share: a test's tolerance must see it
+        forward = model.forward
+        model.forward = lambda *a, **kw: forward(*a, **kw) * (1 + args.skew)
+    shard_model(model, world)  # FSDP2 under parallel = fsdp; else nothing
+    cfg = TrainConfig(
+        max_steps=1,
+        grad_accum=args.accum,
+        micro_batch_rows=args.rows,
+        grad_clip=0,
+        objective=args.objective,
+        empty_rows=args.empty_rows,
+    )
+    stream = RankShard(iter(batches(ragged_rows(), args.rows)), world)
+    optimizer = build_optimizer(model, cfg)
+    if args.init_from:
+        load_checkpoint(args.init_from, model, optimizer)
+    trainer = Trainer(model, optimizer, cfg, stream, "isolated", world=world)
+    loss = trainer.train_step()
+    if args.save:
+        save_checkpoint(args.save, model, {"step": 1}, optimizer, world)
+    tensors = {}
+    for name, p in model.named_parameters():
+        tensors[f"grad/{name}"] = _full(p.grad).clone().contiguous()
+        tensors[f"param/{name}"] = _full(p).clone().contiguous()
+    args.out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(args.out / f"rank{world.rank}.safetensors"))
+    s = trainer.state
+    record = {
+        "loss": loss,
+        "targets": s.step_targets,
+        "tokens": s.step_tokens,
+        "denominator": s.denominator,
+        "rows": s.rows,
+        "world": world.size,
+        "local_targets": sum(
+            b.num_targets for b in list(batches(ragged_rows(), args.rows))[world.rank :: world.size]
+        ),
+    }
+    (args.out / f"rank{world.rank}.json").write_text(json.dumps(record))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
@@ -58,49 +105,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     with distributed_world() as world:
-        world = world.placed("cpu", args.parallel)
-        torch.manual_seed(0)
-        model = GPT(ModelConfig(d_model=16, n_layers=2, n_heads=2), 40).double()
-        if args.skew and world.rank == 1:  # a wrong share: a test's tolerance must see it
-            forward = model.forward
-            model.forward = lambda *a, **kw: forward(*a, **kw) * (1 + args.skew)
-        shard_model(model, world)  # FSDP2 under parallel = fsdp; else nothing
-        cfg = TrainConfig(
-            max_steps=1,
-            grad_accum=args.accum,
-            micro_batch_rows=args.rows,
-            grad_clip=0,
-            objective=args.objective,
-            empty_rows=args.empty_rows,
-        )
-        stream = RankShard(iter(batches(ragged_rows(), args.rows)), world)
-        optimizer = build_optimizer(model, cfg)
-        if args.init_from:
-            load_checkpoint(args.init_from, model, optimizer)
-        trainer = Trainer(model, optimizer, cfg, stream, "isolated", world=world)
-        loss = trainer.train_step()
-        if args.save:
-            save_checkpoint(args.save, model, {"step": 1}, optimizer, world)
-        tensors = {}
-        for name, p in model.named_parameters():
-            tensors[f"grad/{name}"] = _full(p.grad).clone().contiguous()
-            tensors[f"param/{name}"] = _full(p).clone().contiguous()
-        args.out.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(args.out / f"rank{world.rank}.safetensors"))
-        s = trainer.state
-        record = {
-            "loss": loss,
-            "targets": s.step_targets,
-            "tokens": s.step_tokens,
-            "denominator": s.denominator,
-            "rows": s.rows,
-            "world": world.size,
-            "local_targets": sum(
-                b.num_targets
-                for b in list(batches(ragged_rows(), args.rows))[world.rank :: world.size]
-            ),
-        }
-        (args.out / f"rank{world.rank}.json").write_text(json.dumps(record))
+        _run(args, world)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ process every collective is the identity.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -226,7 +227,12 @@ def one_process() -> World:
 
 
 def shutdown_world(world: World) -> None:
+    """Close the process group. Unreachable objects that still hold it (an engine's
+    reducer, a pending collective's work and its tensors) are freed first, while the
+    group and the interpreter are whole: gloo aborts a process that frees them after
+    the group's shutdown or during interpreter exit."""
     if world.distributed and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 

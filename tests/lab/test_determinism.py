@@ -1,0 +1,34 @@
+"""What a run fixes before it builds anything: deterministic kernels, on CUDA too."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from ledgerlm.config import TrainConfig
+from ledgerlm.lab.build import determinism
+
+
+@pytest.fixture
+def restored():
+    """Leave torch's global switches as the test found them."""
+    threads, strict = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(strict)
+
+
+def test_cublas_gets_the_fixed_workspace_deterministic_kernels_need(monkeypatch, restored):
+    # torch refuses a CUDA matmul under deterministic algorithms without this variable
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    determinism(TrainConfig(threads=1))
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert torch.are_deterministic_algorithms_enabled()
+
+
+def test_a_workspace_the_user_chose_is_kept(monkeypatch, restored):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    determinism(TrainConfig(threads=1))
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"

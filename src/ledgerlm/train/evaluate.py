@@ -255,6 +255,20 @@ class EvalCallback:
         world = getattr(trainer, "world", None)
         return evaluate(trainer.model, self.val, self.attention, self.domains, world, self.text)
 
+    def score_test(self, trainer, test: Sequence[Batch]) -> dict[str, Any]:
+        """The once-only test record: the trainer's weights (step, snapshot) scored on the
+        held-out ``test`` batches in the numerics it trains with, as ``test/`` metrics.
+        This process scores them all; with a sharded model every rank takes part."""
+        world = trainer.world if trainer.world.sharded else None
+        with trainer.autocast():
+            metrics = evaluate(trainer.model, test, self.attention, self.domains, world, self.text)
+        return {
+            "step": trainer.state.step,
+            "snapshot": weights_digest(trainer.model),
+            "targets": sum(b.num_targets for b in test),
+            "metrics": {f"test/{k}": v for k, v in metrics.items()},
+        }
+
     def _base(self, trainer) -> dict[str, Any]:
         s = trainer.state
         return {

@@ -5,7 +5,13 @@ import torch
 
 from ledgerlm.config import TrainConfig
 from ledgerlm.train.loss import NoTargetsError, objective_loss, per_target_loss
-from ledgerlm.train.optim import MultiOptimizer, build_optimizer, lr_at, param_groups
+from ledgerlm.train.optim import (
+    MultiOptimizer,
+    adamw_kwargs,
+    build_optimizer,
+    lr_at,
+    param_groups,
+)
 
 
 def token_mean_loss(logits, targets, loss_mask):
@@ -78,6 +84,18 @@ def test_adamw_is_the_default_and_each_group_keeps_its_peak():
     opt = build_optimizer(model, TrainConfig(lr=0.01))
     assert isinstance(opt, torch.optim.AdamW)
     assert [g["base_lr"] for g in opt.param_groups] == [0.01, 0.01]
+
+
+def test_adamw_takes_the_fused_kernel_on_cuda_and_on_the_cpu():
+    """The kernel is chosen by the parameters' device, sharded (DTensor) or not: fused
+    on CUDA (torch would pick foreach) and on the CPU (torch would loop in Python)."""
+    assert adamw_kwargs("cuda") == {"fused": True}
+    assert adamw_kwargs("cpu") == {"fused": True}
+    assert adamw_kwargs("mps") == {}  # elsewhere torch's default
+    opt = build_optimizer(_tiny_gpt(), TrainConfig())
+    assert opt.defaults["fused"] is True and not opt.defaults["foreach"]
+    muon = build_optimizer(_tiny_gpt(), TrainConfig(optimizer="muon"))
+    assert muon.optimizers["adamw"].defaults["fused"] is True
 
 
 @pytest.mark.parametrize("tie", [True, False])

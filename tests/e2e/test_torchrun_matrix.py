@@ -191,7 +191,9 @@ def test_searches_and_sweeps_refuse_the_torchrun_environment_before_writing(tmp_
     another in one process: under torchrun's environment they refuse before their plan
     or search record is written (a record left behind would be continued later)."""
     from ledgerlm.config import load_recipe
-    from ledgerlm.lab.mix_search import doremi_search, search_mixture, verify_mixture
+    from ledgerlm.lab.mix_search.doremi import doremi_search
+    from ledgerlm.lab.mix_search.regmix import search_mixture
+    from ledgerlm.lab.mix_search.verify import verify_mixture
     from ledgerlm.lab.sweep import run_sweep
 
     monkeypatch.setenv("WORLD_SIZE", "2")

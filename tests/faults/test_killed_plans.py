@@ -185,7 +185,7 @@ def test_a_killed_doremi_proxy_restarts_to_the_uninterrupted_result(tmp_path):
 
 
 def test_a_name_given_to_another_plan_is_refused(tmp_path):
-    from ledgerlm.lab.mix_search import start_record
+    from ledgerlm.lab.mix_search.record import start_record
     from ledgerlm.lab.sweep import record_plan, run_sweep
     from ledgerlm.scaling.sweep import SweepError, plan
 

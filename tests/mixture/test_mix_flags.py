@@ -11,7 +11,7 @@ from ledgerlm.cli.ui import error_line
 
 def test_the_proxy_errors_of_a_search_show_the_proxy_flag():
     from ledgerlm.config import recipe_from_dict
-    from ledgerlm.lab.mix_search import proxy_recipe
+    from ledgerlm.lab.mix_search.proxy import proxy_recipe
 
     base = recipe_from_dict({})
     for proxy, library in [
@@ -25,7 +25,7 @@ def test_the_proxy_errors_of_a_search_show_the_proxy_flag():
 
 
 def test_a_search_planned_otherwise_names_the_name_flag(tmp_path):
-    from ledgerlm.lab.mix_search import start_record
+    from ledgerlm.lab.mix_search.record import start_record
     from ledgerlm.workspace import Workspace
 
     ws = Workspace(tmp_path)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from ledgerlm.config import recipe_from_dict
-from ledgerlm.lab.mix_search import Trial, check_objective, fit_search, read_mixture
+from ledgerlm.lab.mix_search.regmix import Trial, check_objective, fit_search
+from ledgerlm.lab.mix_search.verify import read_mixture
 from ledgerlm.lab.mixture import use_search
 from ledgerlm.mixture.dirichlet import dirichlet_around
 from ledgerlm.workspace import Workspace, atomic_write_json

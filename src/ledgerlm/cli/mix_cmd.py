@@ -221,7 +221,8 @@ def search(
     command run again continues the search, reusing its finished trials and resuming the
     interrupted one from its checkpoint.
     """
-    from ledgerlm.lab.mix_search import doremi_search, search_mixture
+    from ledgerlm.lab.mix_search.doremi import doremi_search
+    from ledgerlm.lab.mix_search.regmix import search_mixture
     from ledgerlm.workspace import Workspace
 
     if model not in ("auto", "lightgbm", "linear"):
@@ -377,7 +378,7 @@ def verify(
     compare like for like; the time-to-target is still the first confirmation.
     """
     from ledgerlm.cli.table import FitTable
-    from ledgerlm.lab.mix_search import verify_mixture
+    from ledgerlm.lab.mix_search.verify import verify_mixture
     from ledgerlm.workspace import Workspace
 
     base = load_recipe(recipe, set_)

@@ -685,6 +685,13 @@ class TrainConfig(_Section):
     compile: bool = Field(
         False, description="Run the model through torch.compile (block by block under FSDP)."
     )
+    tf32: bool = Field(
+        False,
+        description="On CUDA: fp32 matmuls and convolutions on TF32 tensor cores (inputs "
+        "rounded to a 10-bit mantissa, fp32 sums), several times faster on Ampere and "
+        "later; false keeps fp32 exact. The CPU has no TF32: there it changes nothing "
+        "(the run says so).",
+    )
     activation_checkpointing: bool = Field(
         False,
         description="Keep only each block's input in the forward pass and recompute the "

@@ -5,6 +5,7 @@ validation batches, the evaluator, and the ``Trainer`` with its callbacks.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,10 +16,12 @@ import torch
 
 from ledgerlm.config import Recipe, TrainConfig
 from ledgerlm.lab.mixture import segments
+from ledgerlm.ledger import events
 from ledgerlm.model.gpt import GPT
 from ledgerlm.tokens.loader import train_batches, validation_batches
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.shards import TokenStore
+from ledgerlm.train.backends import environment, set_up, tf32_note
 from ledgerlm.train.budget import BudgetCallback
 from ledgerlm.train.checkpointing import CheckpointCallback, ResumedEval, load_training
 from ledgerlm.train.distributed import RankShard, World, shard_model
@@ -73,6 +76,7 @@ def build_parts(
     folder left them, RNG included) and this rank's share of the training stream from
     the start or from the checkpoint's cursor. Returns the checkpoint's JSON state too."""
     determinism(recipe.train)
+    set_up(recipe.train, world)  # TF32, NCCL: before the first CUDA kernel and communicator
     t = recipe.train
     model = GPT(recipe.model, store.vocab_size, device="meta")
     model.checkpoint_blocks = t.activation_checkpointing
@@ -164,9 +168,15 @@ def build_trainer(
     state) saves every ``train.checkpoint_every`` updates; ``resumed`` is the trainer
     state of the checkpoint resumed from. Rank 0 passes the ledger's recorder, a task
     and checkpoints; other ranks pass none of them. ``more`` callbacks run after the
-    evaluator (they see each evaluation at its step) and before the budget check.
+    evaluator (they see each evaluation at its step) and before the budget check. The
+    recorder gets the process's ``environment`` event (device, versions, TF32, NCCL:
+    ``train/backends.py``) and, where ``train.tf32`` has no TF32 to use, a note.
     """
     same_replicas(parts.model, world)
+    if recorder is not None:
+        recorder.event(events.ENVIRONMENT, json.dumps(environment(world)))
+        if (note := tf32_note(recipe.train, world)) is not None:
+            recorder.note(note)
     callbacks: list[Any] = [evaluator]
     if task is not None:
         callbacks.append(ProgressCallback(task))

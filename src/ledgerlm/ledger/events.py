@@ -34,6 +34,7 @@ SINKS = "sinks"  # the seconds each sink cost
 TRAIN_END = "train_end"  # why training stopped (plain text)
 RESUME = "resume"  # where a resumed run went on from (plain text)
 CLOSED_OPEN_PHASES = "closed_open_phases"  # the phases a resume found open and closed
+ENVIRONMENT = "environment"  # device, versions, TF32 and NCCL settings a (re)start trains with
 
 WARNING_EVENTS = (
     ERROR,

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fake_store import FakeTokenStore
 from ledgerlm.config import PackConfig
 from ledgerlm.mixture.doremi import ETA, SMOOTHING, doremi_update, excess_loss
 from ledgerlm.mixture.schedule import Segment
@@ -47,31 +48,15 @@ def test_no_excess_leaves_the_weights_almost_unchanged():
     assert np.allclose(doremi_update(alpha, np.zeros(3)), 0.999 * alpha + 0.001 / 3)
 
 
-class _Store:
-    def __init__(self):
-        rng = np.random.default_rng(0)
-        domains = np.arange(24) % 3
-        docs = [rng.integers(3, 90, size=rng.integers(2, 30)) for _ in domains]
-        self.special, self.domains = {"bos": 1, "eos": 2, "pad": 0}, ["a", "b", "c"]
-        self.flat = np.concatenate(docs).astype(np.int64)
-        lengths = np.array([len(d) for d in docs])
-        self.docs = {
-            "shard": np.array(["train.bin"] * len(docs), dtype=object),
-            "offset": np.concatenate([[0], np.cumsum(lengths)[:-1]]),
-            "length": lengths,
-            "domain": domains,
-            "weight": np.ones(len(docs)),
-        }
-
-    def split_docs(self, split):
-        return self.docs
-
-    def tokens(self, shard, offset, length):
-        return self.flat[offset : offset + length]
+def _store() -> FakeTokenStore:
+    rng = np.random.default_rng(0)
+    domains = np.arange(24) % 3
+    docs = [rng.integers(3, 90, size=rng.integers(2, 30)) for _ in domains]
+    return FakeTokenStore(docs, domains, ["a", "b", "c"])
 
 
 def test_a_reweighted_stream_follows_the_new_weights_and_resumes_bitwise():
-    store, pack = _Store(), PackConfig(seq_len=15)
+    store, pack = _store(), PackConfig(seq_len=15)
     uniform = [Segment(None, {"a": 1 / 3, "b": 1 / 3, "c": 1 / 3})]
     stream = train_batches(store, pack, 4, seed=1, mixture=uniform)
     for _ in range(5):

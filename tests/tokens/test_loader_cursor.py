@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fake_store import FakeTokenStore
 from ledgerlm.config import PackConfig
 from ledgerlm.tokens.loader import Cursor, TrainStream, epoch_order, train_batches
 from ledgerlm.tokens.packing import Batch, batches, pack_documents
@@ -111,31 +112,10 @@ def test_bad_cursor_is_refused():
         _stream(docs, weights, 0, 4, 1, Cursor(index=1))
 
 
-class _FakeStore:
-    """The few TokenStore members the train stream reads."""
-
-    def __init__(self, docs):
-        self.special = {"bos": BOS, "eos": EOS, "pad": PAD}
-        self.flat = np.concatenate([np.asarray(d, dtype=np.int64) for d in docs])
-        lengths = np.array([len(d) for d in docs])
-        self.docs = {
-            "shard": np.array(["train.bin"] * len(docs), dtype=object),
-            "offset": np.concatenate([[0], np.cumsum(lengths)[:-1]]),
-            "length": lengths,
-            "domain": np.arange(len(docs)) % 2,
-            "weight": np.ones(len(docs)),
-        }
-
-    def split_docs(self, split):
-        return self.docs
-
-    def tokens(self, shard, offset, length):
-        return self.flat[offset : offset + length]
-
-
 def test_train_batches_state_dict_round_trip_and_checks():
     rng = np.random.default_rng(1)
-    store = _FakeStore([rng.integers(3, 99, size=rng.integers(1, 30)) for _ in range(9)])
+    docs = [rng.integers(3, 99, size=rng.integers(1, 30)) for _ in range(9)]
+    store = FakeTokenStore(docs, np.arange(9) % 2)
     pack = PackConfig(seq_len=15)
     stream = train_batches(store, pack, 3, seed=4)
     for _ in range(7):

@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fake_store import FakeTokenStore
 from ledgerlm.config import MixtureConfig, PackConfig
 from ledgerlm.mixture.schedule import Segment, resolve
 from ledgerlm.tokens.loader import natural_shares, train_batches, train_pools
@@ -18,35 +19,12 @@ BOS, EOS, PAD = 1, 2, 0
 DOMAINS = ["code", "docs", "math"]
 
 
-class _Store:
-    """The TokenStore members the train stream reads, for documents of given domains."""
-
-    def __init__(self, docs, domains, weights=None):
-        self.special = {"bos": BOS, "eos": EOS, "pad": PAD}
-        self.domains = DOMAINS
-        self.flat = np.concatenate([np.asarray(d, dtype=np.int64) for d in docs])
-        lengths = np.array([len(d) for d in docs])
-        self.docs = {
-            "shard": np.array(["train.bin"] * len(docs), dtype=object),
-            "offset": np.concatenate([[0], np.cumsum(lengths)[:-1]]),
-            "length": lengths,
-            "domain": np.asarray(domains, dtype=np.int64),
-            "weight": np.ones(len(docs)) if weights is None else np.asarray(weights, float),
-        }
-
-    def split_docs(self, split):
-        return self.docs
-
-    def tokens(self, shard, offset, length):
-        return self.flat[offset : offset + length]
-
-
 def _store(seed=0, n=60, lengths=((5, 40), (20, 200), (3, 12))):
     """Documents of three domains with very different lengths."""
     rng = np.random.default_rng(seed)
     domains = rng.integers(0, 3, size=n)
     docs = [rng.integers(3, 99, size=rng.integers(*lengths[d])) for d in domains]
-    return _Store(docs, domains)
+    return FakeTokenStore(docs, domains, DOMAINS)
 
 
 def _input_domains(batch: Batch) -> np.ndarray:
@@ -105,7 +83,7 @@ def _visits_in_mixed_stream(batches: int) -> tuple[dict, list[int]]:
     rng = np.random.default_rng(2)
     domains = [0, 0, 1, 1, 2, 2]
     docs = [rng.integers(3, 99, size=10) for _ in domains]
-    store = _Store(docs, domains, weights=[1, 3, 1, 1, 1, 1])
+    store = FakeTokenStore(docs, domains, DOMAINS, weights=[1, 3, 1, 1, 1, 1])
     weights = {"code": 0.5, "docs": 0.0, "math": 0.5}
     stream = train_batches(
         store, PackConfig(seq_len=11), 1, seed=0, mixture=[Segment(None, weights)]

@@ -13,12 +13,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from cli_runner import checkpoint_step
+from fake_store import two_domain_store
 from kill_at import KillAt, Killed
 from ledgerlm.config import ModelConfig, PackConfig, TrainConfig
 from ledgerlm.lab.resume import resume_run
@@ -43,31 +43,6 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.toml"
 PACK = PackConfig(seq_len=16)
 VOCAB = 60
-
-
-class _Store:
-    """The few TokenStore members the train stream reads, over in-memory documents."""
-
-    def __init__(self, n: int = 30) -> None:
-        rng = np.random.default_rng(0)
-        docs = [rng.integers(3, VOCAB, size=rng.integers(1, 40)) for _ in range(n)]
-        self.special = {"bos": 1, "eos": 2, "pad": 0}
-        self.flat = np.concatenate(docs).astype(np.int64)
-        lengths = np.array([len(d) for d in docs])
-        self.docs = {
-            "shard": np.array(["train.bin"] * n, dtype=object),
-            "offset": np.concatenate([[0], np.cumsum(lengths)[:-1]]),
-            "length": lengths,
-            "domain": np.arange(n) % 2,
-            "weight": rng.integers(1, 3, size=n).astype(float),
-        }
-        self.domains = ["a", "b"]
-
-    def split_docs(self, split):
-        return self.docs
-
-    def tokens(self, shard, offset, length):
-        return self.flat[offset : offset + length]
 
 
 def _parts(optimizer: str, init_seed: int):
@@ -102,7 +77,7 @@ STAGED = [Segment(300, {"a": 0.5, "b": 0.5}, natural=True), Segment(None, {"a": 
     ("optimizer", "mixture"), [("adamw", None), ("muon", None), ("adamw", STAGED)]
 )
 def test_resumed_training_is_bitwise_the_uninterrupted_one(tmp_path, optimizer, mixture):
-    store = _Store()
+    store = two_domain_store(vocab=VOCAB)
     model, opt, cfg = _parts(optimizer, 0)
     reference = _trainer(model, opt, cfg, store, tmp_path / "ref", mixture=mixture)
     reference.fit()
@@ -136,7 +111,7 @@ def test_resumed_training_is_bitwise_the_uninterrupted_one(tmp_path, optimizer, 
 
 
 def test_checkpoint_files_are_checked_and_hold_no_pickle(tmp_path):
-    store = _Store()
+    store = two_domain_store(vocab=VOCAB)
     model, opt, cfg = _parts("muon", 0)
     trainer = _trainer(model, opt, cfg, store, tmp_path / "ck")
     trainer.fit()

@@ -10,8 +10,8 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from test_resume import _Store
 
+from fake_store import two_domain_store
 from kill_at import KillAt, Killed
 from ledgerlm.config import ModelConfig, PackConfig, TrainConfig, load_recipe
 from ledgerlm.lab.run import run_recipe
@@ -137,7 +137,9 @@ def _cfg(**train) -> TrainConfig:
 
 
 def _stream(cfg: TrainConfig, cursor=None):
-    return train_batches(_Store(), PackConfig(seq_len=16), cfg.micro_batch_rows, 0, cursor)
+    return train_batches(
+        two_domain_store(), PackConfig(seq_len=16), cfg.micro_batch_rows, 0, cursor
+    )
 
 
 def _trainer(cfg: TrainConfig, *callbacks, recorder=None) -> Trainer:
@@ -150,7 +152,7 @@ def _trainer(cfg: TrainConfig, *callbacks, recorder=None) -> Trainer:
 def _documents_of_update(step: int, cfg: TrainConfig) -> list[int]:
     """The train documents whose tokens the ``step``-th batch of the stream holds, from
     the stream's definition: epochs of seeded orders cut into rows of 17 tokens."""
-    docs = _Store().docs
+    docs = two_domain_store().docs
     need = 17 * cfg.micro_batch_rows * cfg.grad_accum
     start, end = (step - 1) * need, step * need
     out, at, epoch = [], 0, 0
@@ -180,7 +182,7 @@ def test_a_spike_is_an_event_with_its_step_median_and_documents_and_a_warning():
     assert first["loss"] == history[first["step"] - 1].loss > 3 * first["median"]
     assert (first["factor"], first["window"], first["policy"]) == (3.0, 11, "record")
     assert first["documents"] == _documents_of_update(12, trainer.cfg)
-    names = _Store().domains
+    names = two_domain_store().domains
     assert first["domains"] == sorted({names[i % 2] for i in first["documents"]})
     assert len(notes.lines) == len(spikes)
     assert notes.lines[0].startswith("warning: loss spike at step 12: loss ")

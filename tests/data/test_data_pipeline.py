@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from data_config import data_config
 from ledgerlm.config import DataConfig, InputConfig, RecipeError, load_recipe
 from ledgerlm.data import manifest, passes, pipeline
 from ledgerlm.data.pipeline import DataError, check_inputs, prepare_data, split_of
@@ -16,6 +17,8 @@ from ledgerlm.workspace import Workspace, file_sha256
 BANNER = "Copyright 2024 Example Corp. All rights reserved worldwide."
 FOOTER = "Follow us on social media for more updates every single day."
 VOCAB = [f"w{i}{c}" for i in range(400) for c in "ab"]
+# the corpus fixture's files: one domain, near-duplicate clusters checked by exact Jaccard
+WEB = {"domain": "web", "near_dedup": {"verify": True}}
 
 
 def _body(rng: random.Random, n: int = 200) -> str:
@@ -64,16 +67,6 @@ def make_corpus(folder, seed: int = 0) -> dict:
     }
 
 
-def _config(tmp_path, **kw) -> DataConfig:
-    base = {
-        "sources": [InputConfig(path=str(tmp_path / "*.jsonl*"), domain="web")],
-        "val_fraction": 0.2,
-        "workers": 1,
-        "near_dedup": {"verify": True},
-    }
-    return DataConfig.model_validate({**base, **kw})
-
-
 @pytest.fixture
 def corpus(tmp_path):
     (tmp_path / "in").mkdir()
@@ -89,7 +82,7 @@ def _all_rows(result) -> list[dict]:
 
 def test_prepare_keeps_exactly_what_it_should(tmp_path, corpus):
     folder, expected = corpus
-    result = prepare_data(_config(folder), Workspace(tmp_path / "ws"))
+    result = prepare_data(data_config(folder / "*.jsonl*", **WEB), Workspace(tmp_path / "ws"))
     m = result.manifest
     c = m["counts"]
     assert c["records_in"] == expected["records_in"]
@@ -133,20 +126,25 @@ def test_prepare_keeps_exactly_what_it_should(tmp_path, corpus):
 
 def test_preserve_weights_carry_cluster_size(tmp_path, corpus):
     folder, _ = corpus
-    rows = _all_rows(prepare_data(_config(folder, weights="preserve"), Workspace(tmp_path / "w")))
+    rows = _all_rows(
+        prepare_data(
+            data_config(folder / "*.jsonl*", **WEB, weights="preserve"),
+            Workspace(tmp_path / "w"),
+        )
+    )
     weights = {r["id"]: r["weight"] for r in rows}
     assert weights["web-1"] == 4.0 and weights["web-5"] == 3.0 and weights["web-2"] == 1.0
 
 
 def test_split_units_are_never_cut(tmp_path, corpus):
     folder, _ = corpus
-    result = prepare_data(_config(folder), Workspace(tmp_path / "ws"))
+    result = prepare_data(data_config(folder / "*.jsonl*", **WEB), Workspace(tmp_path / "ws"))
     for f in result.manifest["files"]:
         for row in pq.read_table(result.path / f["path"]).to_pylist():
             assert split_of(row["cluster_id"], 0.2, 0) == f["split"]
     # split by source, one source: the whole source falls on one side. In val, it is all
     # validation; in train, there is no validation split and the build stops, naming why.
-    cfg = _config(folder, split="source")
+    cfg = data_config(folder / "*.jsonl*", **WEB, split="source")
     (source,) = {s.source for s in check_inputs(cfg)}
     if split_of(source, 0.2, 0) == "val":
         by_source = prepare_data(cfg, Workspace(tmp_path / "ws"))
@@ -158,20 +156,26 @@ def test_split_units_are_never_cut(tmp_path, corpus):
 
 def test_same_inputs_reuse_the_version_and_outputs_are_deterministic(tmp_path, corpus):
     folder, _ = corpus
-    a = prepare_data(_config(folder), Workspace(tmp_path / "a"))
-    b = prepare_data(_config(folder), Workspace(tmp_path / "b"))
+    a = prepare_data(data_config(folder / "*.jsonl*", **WEB), Workspace(tmp_path / "a"))
+    b = prepare_data(data_config(folder / "*.jsonl*", **WEB), Workspace(tmp_path / "b"))
     assert a.version == b.version and not a.reused
     assert (a.path / "manifest.json").read_bytes() == (b.path / "manifest.json").read_bytes()
-    again = prepare_data(_config(folder), Workspace(tmp_path / "a"))
+    again = prepare_data(data_config(folder / "*.jsonl*", **WEB), Workspace(tmp_path / "a"))
     assert again.reused and again.version == a.version
-    other = prepare_data(_config(folder, val_fraction=0.3), Workspace(tmp_path / "a"))
+    other = prepare_data(
+        data_config(folder / "*.jsonl*", **WEB, val_fraction=0.3),
+        Workspace(tmp_path / "a"),
+    )
     assert other.version != a.version
 
 
 def test_process_pool_gives_identical_output(tmp_path, corpus):
     folder, _ = corpus
-    inline = prepare_data(_config(folder), Workspace(tmp_path / "a"))
-    pooled = prepare_data(_config(folder, workers=2), Workspace(tmp_path / "b"))
+    inline = prepare_data(data_config(folder / "*.jsonl*", **WEB), Workspace(tmp_path / "a"))
+    pooled = prepare_data(
+        data_config(folder / "*.jsonl*", **WEB, workers=2),
+        Workspace(tmp_path / "b"),
+    )
     assert pooled.version == inline.version
     for f in inline.manifest["files"] + [{"path": "drops.parquet"}, {"path": "manifest.json"}]:
         assert file_sha256(inline.path / f["path"]) == file_sha256(pooled.path / f["path"])
@@ -189,16 +193,16 @@ def test_interrupted_build_resumes_from_finished_shards(tmp_path, corpus, monkey
 
     monkeypatch.setattr(passes, "_write", crash_on_second_shard)
     with pytest.raises(KeyboardInterrupt):
-        prepare_data(_config(folder), ws)
+        prepare_data(data_config(folder / "*.jsonl*", **WEB), ws)
     assert ws.versions("data") == []  # nothing half-written is visible
     building = list((tmp_path / "ws" / "data").glob(".building-*/_work/*.done"))
     assert {p.name for p in building} >= {"read-0.done", "read-1.done", "write-0.done"}
 
     monkeypatch.setattr(passes, "_write", real_write)
     monkeypatch.setattr(passes, "_read", lambda *a: pytest.fail("finished shard was redone"))
-    resumed = prepare_data(_config(folder), ws)
+    resumed = prepare_data(data_config(folder / "*.jsonl*", **WEB), ws)
     monkeypatch.undo()
-    fresh = prepare_data(_config(folder), Workspace(tmp_path / "fresh"))
+    fresh = prepare_data(data_config(folder / "*.jsonl*", **WEB), Workspace(tmp_path / "fresh"))
     assert (resumed.path / "manifest.json").read_bytes() == (
         fresh.path / "manifest.json"
     ).read_bytes()
@@ -218,7 +222,11 @@ def test_contamination_is_reported_and_optionally_dropped(tmp_path, corpus):
         + json.dumps({"id": "q2", "text": "an unrelated question about nothing in training"})
         + "\n"
     )
-    cfg = _config(folder, contamination={"eval_files": [str(evals / "bench.jsonl")]})
+    cfg = data_config(
+        folder / "*.jsonl*",
+        **WEB,
+        contamination={"eval_files": [str(evals / "bench.jsonl")]},
+    )
     report = next(
         s
         for s in prepare_data(cfg, Workspace(tmp_path / "a")).manifest["steps"]
@@ -228,7 +236,11 @@ def test_contamination_is_reported_and_optionally_dropped(tmp_path, corpus):
     assert (f["examples"], f["ngram_overlap"], f["contaminated_fraction"]) == (2, 1, 0.5)
     assert report["train_documents_overlapping"] == 1
 
-    cfg = _config(folder, contamination={"eval_files": [str(evals / "bench.jsonl")], "drop": True})
+    cfg = data_config(
+        folder / "*.jsonl*",
+        **WEB,
+        contamination={"eval_files": [str(evals / "bench.jsonl")], "drop": True},
+    )
     dropped = prepare_data(cfg, Workspace(tmp_path / "b"))
     drops = pq.read_table(dropped.path / "drops.parquet").to_pylist()
     assert [d["id"] for d in drops if d["step"] == "contamination"] == ["web-7"]
@@ -268,9 +280,12 @@ def test_builtin_corpus_through_the_full_stage(tmp_path):
 def test_ray_executor_gives_byte_identical_output(tmp_path, corpus):
     ray = pytest.importorskip("ray")
     folder, _ = corpus
-    local = prepare_data(_config(folder), Workspace(tmp_path / "local"))
+    local = prepare_data(data_config(folder / "*.jsonl*", **WEB), Workspace(tmp_path / "local"))
     try:
-        on_ray = prepare_data(_config(folder, executor="ray", workers=2), Workspace(tmp_path / "r"))
+        on_ray = prepare_data(
+            data_config(folder / "*.jsonl*", **WEB, executor="ray", workers=2),
+            Workspace(tmp_path / "r"),
+        )
     finally:
         ray.shutdown()
     assert on_ray.version == local.version
@@ -335,7 +350,10 @@ def test_test_fraction_is_validated(tmp_path):
 
 def test_a_test_split_is_built_per_cluster_and_counted(tmp_path, corpus):
     folder, expected = corpus
-    result = prepare_data(_config(folder, test_fraction=0.2), Workspace(tmp_path / "ws"))
+    result = prepare_data(
+        data_config(folder / "*.jsonl*", **WEB, test_fraction=0.2),
+        Workspace(tmp_path / "ws"),
+    )
     m, c = result.manifest, result.manifest["counts"]
     assert c["kept"] == expected["kept"]
     assert set(c["by_split"]) == {"train", "val", "test"}
@@ -363,7 +381,7 @@ def test_a_test_split_is_built_per_cluster_and_counted(tmp_path, corpus):
         (f["split"] for f in m["files"]), key=["train", "val", "test"].index
     )
     # the val set is the one a build without a test split has: test units come from train
-    plain = prepare_data(_config(folder), Workspace(tmp_path / "plain"))
+    plain = prepare_data(data_config(folder / "*.jsonl*", **WEB), Workspace(tmp_path / "plain"))
     assert plain.version != result.version
     assert plain.manifest["counts"]["by_split"]["test"] == 0
     assert not [f for f in plain.manifest["files"] if f["split"] == "test"]
@@ -381,5 +399,5 @@ def test_split_counts_that_disagree_with_the_files_are_not_published(tmp_path, c
     monkeypatch.setattr(pipeline, "build_manifest", lose_the_test_files)
     ws = Workspace(tmp_path / "ws")
     with pytest.raises(manifest.ConservationError, match="documents per split"):
-        prepare_data(_config(folder, test_fraction=0.2), ws)
+        prepare_data(data_config(folder / "*.jsonl*", **WEB, test_fraction=0.2), ws)
     assert ws.versions("data") == []

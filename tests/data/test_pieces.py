@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledgerlm.config import BuiltinCorpusConfig, DataConfig, InputConfig
+from data_config import data_config
+from ledgerlm.config import BuiltinCorpusConfig, InputConfig
 from ledgerlm.data.pipeline import prepare_data
 from ledgerlm.data.read import jsonl
 from ledgerlm.data.read import pieces as read_pieces
@@ -161,15 +162,7 @@ def _corpus(folder: Path) -> None:
     (folder / "small.jsonl.gz").write_bytes(gzip.compress(b'{"text": "a small file"}\n'))
 
 
-def _cfg(folder: Path, workers: int) -> DataConfig:
-    return DataConfig.model_validate(
-        {
-            "sources": [InputConfig(path=str(folder / "*.jsonl*"), domain="web")],
-            "val_fraction": 0.2,
-            "workers": workers,
-            "templates": {"min_docs": 2, "min_doc_fraction": 0.0},
-        }
-    )
+WEB = {"domain": "web", "templates": {"min_docs": 2, "min_doc_fraction": 0.0}}
 
 
 def _files(result) -> dict[str, bytes]:
@@ -182,9 +175,18 @@ def test_output_is_the_same_whatever_the_worker_count(tmp_path, monkeypatch):
     folder.mkdir()
     _corpus(folder)
     monkeypatch.setattr(read_pieces, "PIECE_BYTES", 10_000)
-    one = prepare_data(_cfg(folder, 1), Workspace(tmp_path / "one"))
-    two = prepare_data(_cfg(folder, 2), Workspace(tmp_path / "two"))
-    three = prepare_data(_cfg(folder, 3), Workspace(tmp_path / "three"))
+    one = prepare_data(
+        data_config(folder / "*.jsonl*", **WEB, workers=1),
+        Workspace(tmp_path / "one"),
+    )
+    two = prepare_data(
+        data_config(folder / "*.jsonl*", **WEB, workers=2),
+        Workspace(tmp_path / "two"),
+    )
+    three = prepare_data(
+        data_config(folder / "*.jsonl*", **WEB, workers=3),
+        Workspace(tmp_path / "three"),
+    )
     assert len({f["path"] for f in one.manifest["files"] if f["split"] == "train"}) > 5
     assert one.version == two.version == three.version
     assert _files(one) == _files(two) == _files(three)
@@ -196,9 +198,15 @@ def test_cutting_changes_only_how_the_rows_are_filed(tmp_path, monkeypatch):
     folder = tmp_path / "in"
     folder.mkdir()
     _corpus(folder)
-    whole = prepare_data(_cfg(folder, 1), Workspace(tmp_path / "whole"))
+    whole = prepare_data(
+        data_config(folder / "*.jsonl*", **WEB, workers=1),
+        Workspace(tmp_path / "whole"),
+    )
     monkeypatch.setattr(read_pieces, "PIECE_BYTES", 10_000)
-    cut = prepare_data(_cfg(folder, 2), Workspace(tmp_path / "cut"))
+    cut = prepare_data(
+        data_config(folder / "*.jsonl*", **WEB, workers=2),
+        Workspace(tmp_path / "cut"),
+    )
     assert cut.version == whole.version
     a, b = dict(whole.manifest), dict(cut.manifest)
     assert len(b.pop("files")) > len(a.pop("files"))
@@ -236,13 +244,16 @@ def test_an_interrupted_cut_build_resumes(tmp_path, monkeypatch):
 
     monkeypatch.setattr(passes, "_clean", crash)
     with pytest.raises(KeyboardInterrupt):
-        prepare_data(_cfg(folder, 1), ws)
+        prepare_data(data_config(folder / "*.jsonl*", **WEB, workers=1), ws)
     monkeypatch.setattr(passes, "_clean", real)
     monkeypatch.setattr(passes, "_read", lambda *a: pytest.fail("a finished piece was redone"))
-    resumed = prepare_data(_cfg(folder, 1), ws)
+    resumed = prepare_data(data_config(folder / "*.jsonl*", **WEB, workers=1), ws)
     monkeypatch.undo()
     monkeypatch.setattr(read_pieces, "PIECE_BYTES", 10_000)
-    fresh = prepare_data(_cfg(folder, 1), Workspace(tmp_path / "fresh"))
+    fresh = prepare_data(
+        data_config(folder / "*.jsonl*", **WEB, workers=1),
+        Workspace(tmp_path / "fresh"),
+    )
     assert _files(resumed) == _files(fresh)
 
 
@@ -252,8 +263,11 @@ def test_ray_builds_the_same_pieces_byte_for_byte(tmp_path, monkeypatch):
     folder.mkdir()
     _corpus(folder)
     monkeypatch.setattr(read_pieces, "PIECE_BYTES", 10_000)
-    local = prepare_data(_cfg(folder, 2), Workspace(tmp_path / "local"))
-    cfg = _cfg(folder, 2).model_copy(update={"executor": "ray"})
+    local = prepare_data(
+        data_config(folder / "*.jsonl*", **WEB, workers=2),
+        Workspace(tmp_path / "local"),
+    )
+    cfg = data_config(folder / "*.jsonl*", **WEB, workers=2).model_copy(update={"executor": "ray"})
     try:
         on_ray = prepare_data(cfg, Workspace(tmp_path / "ray"))
     finally:

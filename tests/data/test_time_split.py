@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cli_runner import ledgerlm
+from data_config import data_config
 from ledgerlm.config import BuiltinCorpusConfig, DataConfig, InputConfig, RecipeError, parse_time
 from ledgerlm.data.passes import held_split
 from ledgerlm.data.pipeline import DataError, check_inputs, data_version, prepare_data
@@ -98,17 +99,10 @@ def make_corpus(folder: Path) -> dict:
 
 
 def _config(folder: Path, **kw) -> DataConfig:
-    base = {
-        "sources": [
-            {"path": str(folder / "a.jsonl"), "domain": "web"},
-            {"path": str(folder / "b.parquet"), "domain": "pq", "date_field": "published"},
-        ],
-        "split": "time",
-        "split_time": CUT,
-        "workers": 1,
-        "near_dedup": {"verify": True},
-    }
-    return DataConfig.model_validate({**base, **kw})
+    web = {"path": str(folder / "a.jsonl"), "domain": "web"}
+    dated = {"path": str(folder / "b.parquet"), "domain": "pq", "date_field": "published"}
+    keys = {"val_fraction": None, "split": "time", "split_time": CUT, **kw}
+    return data_config(web, dated, **keys, near_dedup={"verify": True})
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from ledgerlm.config import DataConfig, InputConfig
+from data_config import data_config
 from ledgerlm.data import passes
 from ledgerlm.data.pipeline import data_version, prepare_data
 from ledgerlm.workspace import MANIFEST, AlreadyPublished, Workspace, atomic_write_json
@@ -30,14 +30,6 @@ def _corpus(folder: Path, n: int = 300, seed: int = 0) -> None:
             for i in range(n // 2)
         ]
         (folder / f"part-{part}.jsonl").write_text("\n".join(lines) + "\n")
-
-
-def _config(folder: Path) -> DataConfig:
-    return DataConfig(
-        sources=[InputConfig(path=str(folder / "*.jsonl"), domain="web")],
-        val_fraction=0.2,
-        workers=1,
-    )
 
 
 class Recorder:
@@ -97,7 +89,7 @@ def test_prepare_data_waits_for_the_builder_and_returns_its_version_as_reused(
 ):
     folder = tmp_path / "in"
     _corpus(folder, n=40)
-    cfg = _config(folder)
+    cfg = data_config(folder / "*.jsonl", domain="web")
     ws = Workspace(tmp_path / "ws")
     reading, release = threading.Event(), threading.Event()
     real_read = passes._read
@@ -172,7 +164,7 @@ BUILDER = textwrap.dedent(
 def test_two_processes_build_the_same_data_and_tokens_once(tmp_path):
     folder = tmp_path / "in"
     _corpus(folder)
-    cfg = _config(folder).model_dump_json()
+    cfg = data_config(folder / "*.jsonl", domain="web").model_dump_json()
     tok = json.dumps({"vocab_size": 300, "min_frequency": 2})
     ws = tmp_path / "ws"
     script = tmp_path / "builder.py"

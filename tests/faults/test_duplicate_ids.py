@@ -9,24 +9,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cli_runner import ledgerlm
-from ledgerlm.config import DataConfig, InputConfig
+from data_config import NO_TEMPLATES, data_config
 from ledgerlm.data.pipeline import prepare_data
 from ledgerlm.workspace import Workspace
 
 
 def _text(i: int) -> str:
     return f"document {i} says something different from every other one: {i * 31}"
-
-
-def _config(*sources: str) -> DataConfig:
-    return DataConfig.model_validate(
-        {
-            "sources": [InputConfig(path=s) for s in sources],
-            "workers": 1,
-            "val_fraction": 0.2,
-            "templates": {"enabled": False},
-        }
-    )
 
 
 def test_duplicate_ids_across_sources_are_counted_and_kept(tmp_path, monkeypatch):
@@ -45,7 +34,10 @@ def test_duplicate_ids_across_sources_are_counted_and_kept(tmp_path, monkeypatch
         tmp_path / "b.parquet",
     )
     (tmp_path / "c.jsonl").write_text(json.dumps({"id": "c", "text": _text(8)}) + "\n")
-    result = prepare_data(_config("a.jsonl", "b.parquet", "c.jsonl"), Workspace(tmp_path / "ws"))
+    result = prepare_data(
+        data_config("a.jsonl", "b.parquet", "c.jsonl", templates=NO_TEMPLATES),
+        Workspace(tmp_path / "ws"),
+    )
     c = result.manifest["counts"]
     # a (again in a.jsonl), 7 and b (in b.parquet), c (in c.jsonl)
     assert c["duplicate_ids"] == 4
@@ -66,7 +58,9 @@ def test_no_duplicate_ids_no_line(tmp_path: Path, monkeypatch):
     (tmp_path / "a.jsonl").write_text(
         "".join(json.dumps({"id": f"d{i}", "text": _text(i)}) + "\n" for i in range(5))
     )
-    result = prepare_data(_config("a.jsonl"), Workspace(tmp_path / "ws"))
+    result = prepare_data(
+        data_config("a.jsonl", templates=NO_TEMPLATES), Workspace(tmp_path / "ws")
+    )
     assert result.manifest["counts"]["duplicate_ids"] == 0
     shown = ledgerlm("data", "inspect", result.version, "-w", str(tmp_path / "ws")).stdout
     assert "duplicate ids" not in shown

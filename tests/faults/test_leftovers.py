@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ledgerlm.config import DataConfig, InputConfig
+from data_config import NO_TEMPLATES, data_config
 from ledgerlm.data import passes, pipeline
 from ledgerlm.data.pipeline import DataError, data_version, prepare_data
 from ledgerlm.workspace import Workspace
@@ -31,18 +31,6 @@ def _jsonl(path: Path, texts: list[str]) -> None:
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
 
 
-def _config(*sources: str, **kw) -> DataConfig:
-    return DataConfig.model_validate(
-        {
-            "sources": [InputConfig(path=s) for s in sources],
-            "workers": 1,
-            "val_fraction": 0.2,
-            "templates": {"enabled": False},
-            **kw,
-        }
-    )
-
-
 def _building(ws: Path) -> list[Path]:
     return sorted((ws / "data").glob(".building-*"))
 
@@ -51,7 +39,9 @@ def test_parquet_without_text_column_quarantines_its_rows(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     pq.write_table(pa.table({"body": ["a", "b", "c"], "n": [1, 2, 3]}), tmp_path / "nt.parquet")
     _jsonl(tmp_path / "ok.jsonl", _texts(4, "ok"))
-    result = prepare_data(_config("nt.parquet", "ok.jsonl"), Workspace(tmp_path / "ws"))
+    result = prepare_data(
+        data_config("nt.parquet", "ok.jsonl", templates=NO_TEMPLATES), Workspace(tmp_path / "ws")
+    )
     c = result.manifest["counts"]
     assert (c["records_in"], c["kept"], c["quarantined"]) == (7, 4, 3)
     assert c["quarantined_by_reason"] == {"no_text_column": 3}
@@ -67,7 +57,9 @@ def test_a_file_that_is_not_parquet_is_one_quarantined_record(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     (tmp_path / "junk.parquet").write_bytes(b"PAR1 but not really parquet at all")
     _jsonl(tmp_path / "ok.jsonl", _texts(2, "ok"))
-    result = prepare_data(_config("junk.parquet", "ok.jsonl"), Workspace(tmp_path / "ws"))
+    result = prepare_data(
+        data_config("junk.parquet", "ok.jsonl", templates=NO_TEMPLATES), Workspace(tmp_path / "ws")
+    )
     (row,) = pq.read_table(result.path / "quarantine.parquet").to_pylist()
     assert (row["file"], row["line"], row["reason"]) == ("junk.parquet", None, "corrupt_stream")
     assert "not a readable Parquet file" in row["snippet"]
@@ -79,7 +71,9 @@ def test_a_data_error_mid_build_removes_the_build_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _jsonl(tmp_path / "a.jsonl", _texts(6, "a"))
     _jsonl(tmp_path / "bench.jsonl", ["an evaluation question"])
-    cfg = _config("a.jsonl", contamination={"eval_files": ["bench.jsonl"]})
+    cfg = data_config(
+        "a.jsonl", templates=NO_TEMPLATES, contamination={"eval_files": ["bench.jsonl"]}
+    )
     real = pipeline.load_eval_sets
 
     def vanish_then_load(*args, **kw):
@@ -98,7 +92,7 @@ def test_an_interrupted_build_keeps_its_folder_and_the_rerun_resumes(tmp_path, m
     monkeypatch.chdir(tmp_path)
     _jsonl(tmp_path / "a.jsonl", _texts(6, "a"))
     _jsonl(tmp_path / "b.jsonl", _texts(6, "b"))
-    cfg = _config("*.jsonl")
+    cfg = data_config("*.jsonl", templates=NO_TEMPLATES)
     ws = Workspace(tmp_path / "ws")
     real_write = passes._write
 
@@ -147,7 +141,7 @@ def test_a_killed_build_is_resumed_by_the_next_one(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _jsonl(tmp_path / "a.jsonl", _texts(6, "a"))
     _jsonl(tmp_path / "b.jsonl", _texts(6, "b"))
-    cfg = _config("*.jsonl")
+    cfg = data_config("*.jsonl", templates=NO_TEMPLATES)
     script, reached = tmp_path / "killed.py", tmp_path / "reached"
     script.write_text(KILLED)
     proc = subprocess.Popen(

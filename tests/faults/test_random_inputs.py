@@ -15,7 +15,8 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledgerlm.config import DataConfig, InputConfig
+from data_config import NO_TEMPLATES, data_config
+from ledgerlm.config import InputConfig
 from ledgerlm.data.pipeline import prepare_data, split_of
 from ledgerlm.workspace import Workspace
 
@@ -150,14 +151,8 @@ def test_random_inputs_are_all_counted(jsonl, parquet, texts):
         if parquet:
             sources.append(InputConfig(path=str(root / "in" / "*.parquet")))
         sources.append(InputConfig(path=str(folder), domain="prose"))
-        cfg = DataConfig.model_validate(
-            {
-                "sources": sources,
-                "workers": 1,
-                "val_fraction": 0.3,
-                "templates": {"enabled": False},
-                "near_dedup": {"enabled": False},
-            }
+        cfg = data_config(
+            *sources, val_fraction=0.3, templates=NO_TEMPLATES, near_dedup={"enabled": False}
         )
         result = prepare_data(cfg, Workspace(root / "ws"))
         c = result.manifest["counts"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from ledgerlm.config import DataConfig, InputConfig
+from data_config import NO_TEMPLATES, data_config
 from ledgerlm.data.pipeline import DataError, check_inputs, prepare_data
 from ledgerlm.workspace import Workspace
 
@@ -43,22 +43,14 @@ BAD = {
 }
 
 
-def _config(**kw) -> DataConfig:
-    return DataConfig.model_validate(
-        {
-            "sources": [InputConfig(path="d", domain="prose")],
-            "workers": 1,
-            "val_fraction": 0.5,  # both good files land in val: a held-out split is never empty
-            "templates": {"enabled": False},
-            **kw,
-        }
-    )
+# both good files land in val: a held-out split is never empty
+HELD_OUT = {"val_fraction": 0.5, "templates": NO_TEMPLATES}
 
 
 def test_bad_links_are_quarantined_and_the_build_succeeds(tmp_path, monkeypatch):
     _folder(tmp_path)
     monkeypatch.chdir(tmp_path)
-    result = prepare_data(_config(), Workspace(tmp_path / "ws"))
+    result = prepare_data(data_config("d", domain="prose", **HELD_OUT), Workspace(tmp_path / "ws"))
     c = result.manifest["counts"]
     assert c["records_in"] == len(GOOD) + len(BAD)
     assert c["quarantined_by_reason"] == {"unreadable": len(BAD)}
@@ -80,7 +72,7 @@ def test_a_folder_of_two_cycles_is_listed_quickly(tmp_path, monkeypatch):
     os.symlink(".", d / "s1")
     os.symlink(".", d / "s2")
     monkeypatch.chdir(tmp_path)
-    (shard,) = check_inputs(_config())
+    (shard,) = check_inputs(data_config("d", domain="prose", **HELD_OUT))
     assert shard.files == ("a.txt", "s1", "s2")
 
 
@@ -90,7 +82,7 @@ def test_a_link_loop_named_as_the_input_is_a_one_line_error(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     for name, why in (("loop.jsonl", "symlink loop"), ("dangling.jsonl", "dangling symlink")):
         with pytest.raises(DataError, match=re.escape(f"input '{name}': {why}")) as err:
-            check_inputs(_config(sources=[InputConfig(path=name)]))
+            check_inputs(data_config(name, **HELD_OUT))
         assert "\n" not in str(err.value)
     assert not (tmp_path / "ws").exists()
 
@@ -100,7 +92,7 @@ def test_a_broken_link_matched_by_a_glob_is_one_quarantined_record(tmp_path, mon
     os.symlink("loop.jsonl", tmp_path / "loop.jsonl")
     os.symlink("gone.parquet", tmp_path / "gone.parquet")
     monkeypatch.chdir(tmp_path)
-    cfg = _config(sources=[InputConfig(path="*.jsonl"), InputConfig(path="*.parquet")])
+    cfg = data_config("*.jsonl", "*.parquet", **HELD_OUT)
     result = prepare_data(cfg, Workspace(tmp_path / "ws"))
     rows = pq.read_table(result.path / "quarantine.parquet").to_pylist()
     assert [(r["file"], r["reason"]) for r in rows] == [

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
+from data_config import NO_TEMPLATES, data_config
 from ledgerlm.config import DataConfig, InputConfig
 from ledgerlm.data.pipeline import prepare_data
 from ledgerlm.data.read.find import expand_inputs
@@ -113,15 +114,7 @@ def test_the_manifest_sums_unread_bytes_and_conservation_holds(tmp_path, monkeyp
         (tmp_path / name).write_bytes(full[: int(len(full) * fraction)])
     for name in ("a.jsonl.gz", "b.jsonl.zst", "c.jsonl.gz"):
         expected += _read(tmp_path, name)[-1].unread_bytes
-    cfg = DataConfig.model_validate(
-        {
-            "sources": [InputConfig(path="*.jsonl.*")],
-            "workers": 1,
-            "val_fraction": 0.2,
-            "templates": {"enabled": False},
-            "near_dedup": {"enabled": False},
-        }
-    )
+    cfg = data_config("*.jsonl.*", templates=NO_TEMPLATES, near_dedup={"enabled": False})
     result = prepare_data(cfg, Workspace(tmp_path / "ws"))
     c = result.manifest["counts"]
     assert c["unread_bytes"] == expected > 0

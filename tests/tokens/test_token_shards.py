@@ -2,6 +2,7 @@ import dataclasses
 
 import numpy as np
 
+from data_config import data_config
 from ledgerlm.config import BuiltinCorpusConfig, DataConfig, EvalConfig, PackConfig, TokenizerConfig
 from ledgerlm.data.pipeline import SPLITS, prepare_data
 from ledgerlm.data.verify import iter_split
@@ -83,19 +84,12 @@ def test_epoch_visits_follow_dedup_weights():
 def test_preserve_weights_reach_the_token_index(tmp_path):
     import json
 
-    from ledgerlm.config import InputConfig
-
     rng = np.random.default_rng(0)
     words = [f"w{i}" for i in range(500)]
     rows = [{"id": f"d{i}", "text": " ".join(rng.choice(words, 80))} for i in range(12)]
     rows += [{"id": f"copy{k}", "text": rows[3]["text"]} for k in range(2)]
     (tmp_path / "c.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    cfg = DataConfig(
-        sources=[InputConfig(path=str(tmp_path / "c.jsonl"))],
-        weights="preserve",
-        val_fraction=0.3,
-        workers=1,
-    )
+    cfg = data_config(tmp_path / "c.jsonl", weights="preserve", val_fraction=0.3)
     ws = Workspace(tmp_path / "ws")
     store = TokenStore(build_tokens(prepare_data(cfg, ws), TOK, ws).path)
     weights = dict(

@@ -111,17 +111,14 @@ def _fit(sweep, runs, csv, workspace, columns, params, options):
 
 
 def _options(reduce, drop_top_loss, max_residual, holdout, holdout_top, bootstrap, seed):
+    """The fit's options, refused before any point is read (``FitOptions``)."""
     from ledgerlm.lab.scaling.fit import FitOptions
-    from ledgerlm.scaling.replicates import REDUCTIONS
 
-    if reduce is not None and reduce not in REDUCTIONS:
-        raise ValueError(f"--reduce: expected one of {', '.join(REDUCTIONS)}, got {reduce!r}")
-    if max_residual is not None and not (math.isfinite(max_residual) and max_residual > 0):
-        raise ValueError("--max-residual must be a positive number")
     return FitOptions(reduce, drop_top_loss, max_residual, holdout, holdout_top, bootstrap, seed)
 
 
-def numbers(text: str | None, what: str, zero: bool = False) -> list[float] | None:
+def numbers(text: str | None, what: str) -> list[float] | None:
+    """``1e5,2e5,...`` (numbers may be written 1_000_000) as positive numbers."""
     if text is None:
         return None
     out = []
@@ -131,9 +128,8 @@ def numbers(text: str | None, what: str, zero: bool = False) -> list[float] | No
             value = float(item)
         except ValueError:
             raise ValueError(f"{what}: {item!r} is not a number") from None
-        if not (math.isfinite(value) and (value > 0 or (zero and value == 0))):
-            kind = "a number >= 0" if zero else "a positive number"
-            raise ValueError(f"{what}: {item!r} is not {kind}")
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{what}: {item!r} is not a positive number")
         out.append(value)
     return out
 
@@ -240,8 +236,10 @@ def print_fit(result: dict[str, Any], where: str) -> None:
 SOURCE_FLAGS = {"sweep": "--sweep", "runs": "--runs", "csv": "--csv"}
 COLUMN_FLAGS = {f"{q}_col": f"--{q}-col" for q in ("n", "d", "c", "loss", "lr", "budget")}
 FIT_FLAGS = {**SOURCE_FLAGS, **COLUMN_FLAGS, "holdout": "--holdout",
-             "drop_top_loss": "--drop-top-loss"}  # fmt: skip
-RECOMMEND_FLAGS = {**FIT_FLAGS, "serving": "--serving",
+             "drop_top_loss": "--drop-top-loss", "reduce": "--reduce",
+             "max_residual": "--max-residual"}  # fmt: skip
+RECOMMEND_FLAGS = {**FIT_FLAGS, "budget": "--budget", "requests": "--requests",
+                   "tokens_per_request": "--tokens-per-request", "serving": "--serving",
                    "inference_kappa": "--serving-flops-per-param"}  # fmt: skip
 
 
@@ -373,13 +371,9 @@ def recommend_cmd(
     per parameter per token), one row per R, each with its interval and flag; the more
     requests, the smaller the model and the more tokens it is trained on.
     """
-    from ledgerlm.lab.scaling.recommend import recommend
+    from ledgerlm.lab.scaling.recommend import check_budget, recommend
 
-    if not (math.isfinite(budget) and budget > 0):
-        raise ValueError(f"--budget: {budget!r} is not a positive number of FLOPs")
-    requests_list = numbers(requests, "--requests", zero=True)
-    if not (math.isfinite(tokens_per_request) and tokens_per_request > 0):
-        raise ValueError("--tokens-per-request must be a positive number")
+    requests_list = check_budget(budget, requests, tokens_per_request)  # before the fit
     columns = {"n_col": n_col, "d_col": d_col, "c_col": c_col, "loss_col": loss_col,
                "lr_col": lr_col}  # fmt: skip
     options = _options(reduce, drop_top_loss, max_residual, None, 0, bootstrap, seed)

@@ -34,7 +34,9 @@ class FitOptions:
     that differ within an (N, D), else ``none``. ``drop_top_loss``: leave out the K
     highest losses first. ``max_residual``: after a first fit, leave out points whose
     |log residual| exceeds it and refit. ``holdout`` / ``holdout_top``: held-out points
-    (see ``scaling.holdout``), scored but not fitted."""
+    (see ``scaling.holdout``), scored but not fitted. A ``reduce`` that is none of these or
+    a ``max_residual`` that is not a positive number is refused when the options are
+    made, before any point is read."""
 
     reduce: str | None = None
     drop_top_loss: int = 0
@@ -43,6 +45,19 @@ class FitOptions:
     holdout_top: int = 0
     n_boot: int = 200
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        from ledgerlm.scaling.replicates import REDUCTIONS
+
+        if self.reduce is not None and self.reduce not in REDUCTIONS:
+            raise ArgumentError(
+                "{reduce}: expected one of {known}, got {given!r}",
+                known=", ".join(REDUCTIONS),
+                given=self.reduce,
+            )
+        r = self.max_residual
+        if r is not None and not (math.isfinite(r) and r > 0):
+            raise ArgumentError("{max_residual} must be a positive number")
 
 
 @dataclass

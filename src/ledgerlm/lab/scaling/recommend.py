@@ -1,7 +1,9 @@
 """The compute-optimal allocation of a budget under a fitted law, and the lifecycle
 table for future requests (``recommend``), every row with its bootstrap interval and
 extrapolation flag (N, D, C and tokens per parameter); the serving cost the lifecycle
-charges is the default, a stated one or a measured one (``serving_cost``)."""
+charges is the default, a stated one or a measured one (``serving_cost``). A budget,
+requests or tokens per request that cannot be allocated are an ``ArgumentError`` naming
+the argument (``check_budget``), refused before the law is fitted when the caller asks."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from ledgerlm.errors import ArgumentError
 from ledgerlm.lab.scaling.fit import Fit
 from ledgerlm.lab.scaling.summary import fit_summary
 
+TOKENS_PER_REQUEST = 1000.0  # a request's prompt and generated tokens, unless stated
+
 _FIT_KEYS = (
     "params",
     "intervals",
@@ -23,6 +27,39 @@ _FIT_KEYS = (
     "warnings",
     "diagnostics",
 )
+
+
+def _requests(requests: str | Sequence[float]) -> list[float]:
+    """Requests R as numbers >= 0; a string is split on commas (``0,1e6,1_000_000``)."""
+    items = requests.split(",") if isinstance(requests, str) else requests
+    out = []
+    for item in items:
+        given = item.strip().replace("_", "") if isinstance(item, str) else item
+        try:
+            value = float(given)
+        except ValueError:
+            raise ArgumentError("{requests}: {given!r} is not a number", given=given) from None
+        if not (math.isfinite(value) and value >= 0):
+            raise ArgumentError("{requests}: {given!r} is not a number >= 0", given=given)
+        out.append(value)
+    return out
+
+
+def check_budget(
+    budget: float,
+    requests: str | Sequence[float] | None = None,
+    tokens_per_request: float = TOKENS_PER_REQUEST,
+) -> list[float] | None:
+    """The ``requests`` as numbers (None without them), once ``budget`` (FLOPs: a positive
+    number), the requests (numbers >= 0; a string is split on commas) and
+    ``tokens_per_request`` (a positive number) are ones ``recommend`` can allocate; else
+    an ``ArgumentError`` naming the argument. ``recommend`` checks them again."""
+    if not (math.isfinite(budget) and budget > 0):
+        raise ArgumentError("{budget}: {given!r} is not a positive number of FLOPs", given=budget)
+    counted = None if requests is None else _requests(requests)
+    if not (math.isfinite(tokens_per_request) and tokens_per_request > 0):
+        raise ArgumentError("{tokens_per_request} must be a positive number")
+    return counted
 
 
 def serving_cost(
@@ -49,8 +86,8 @@ def serving_cost(
 def recommend(
     result: Fit,
     budget: float,
-    requests: Sequence[float] | None = None,
-    tokens_per_request: float = 1000.0,
+    requests: str | Sequence[float] | None = None,
+    tokens_per_request: float = TOKENS_PER_REQUEST,
     inference_kappa: float | None = None,
     serving: str | Path | None = None,
 ) -> dict[str, Any]:
@@ -67,7 +104,8 @@ def recommend(
     the (N, D) minimising loss when training and serving share the budget, each with its
     bootstrap interval and its extrapolation flag, and the serving cost charged. Then
     ``fit`` (the summary's parameters, intervals, residual RMS, range, distinct points,
-    warnings and diagnostics) and ``source``.
+    warnings and diagnostics) and ``source``. The budget, requests and tokens per request
+    are checked first (``check_budget``).
     """
     from ledgerlm.scaling.allocate import (
         allocation_with_interval,
@@ -77,10 +115,7 @@ def recommend(
         lifecycle_table,
     )
 
-    if not (math.isfinite(budget) and budget > 0):
-        raise ValueError(f"budget {budget!r} is not a positive number of FLOPs")
-    if not (math.isfinite(tokens_per_request) and tokens_per_request > 0):
-        raise ValueError(f"tokens per request {tokens_per_request!r} is not a positive number")
+    counted = check_budget(budget, requests, tokens_per_request)
     used = serving_cost(serving, inference_kappa)
     kappa_inf = float(used["flops_per_param"])
     if not (math.isfinite(kappa_inf) and kappa_inf > 0):
@@ -103,9 +138,9 @@ def recommend(
         out["level"] = alloc["level"]
         out["n_valid_samples"] = alloc["n_valid"]
     out["extrapolation"] = extrapolation_warning(law.range_, C=budget, N=n_opt, D=d_opt)
-    if requests is not None:
+    if counted is not None:
         kwargs = {"budget": budget, "inference_kappa": kappa_inf}
-        rows = lifecycle_table(law.params_, list(requests), tokens_per_request, **kwargs)
+        rows = lifecycle_table(law.params_, counted, tokens_per_request, **kwargs)
         bands = (
             lifecycle_intervals(boot.samples, rows, tokens_per_request, **kwargs)
             if boot is not None

@@ -142,6 +142,7 @@ def test_bad_input_is_one_error_line_naming_the_file_and_line(tmp_path):
         ("--csv", str(good), "--target", "val_loss"),
         ("--csv", str(bad), "--target", "loss"),
         ("--csv", str(good), "--target", "loss", "--predict", str(partial)),
+        ("--csv", str(good), "--target", "loss", "--ignore", "seed"),
     )
     expected = [
         f"error: {missing}: no such file",
@@ -149,6 +150,7 @@ def test_bad_input_is_one_error_line_naming_the_file_and_line(tmp_path):
         "code, loss)",
         f"error: {bad}:3: the weights sum to 1.1, not 1",
         f"error: {partial}:1: no column for domain 'code'",
+        f"error: {good}:1: --ignore column 'seed' is not in the header (columns: web, code, loss)",
     ]
     for proc, start in zip(procs, expected, strict=True):
         assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from ledgerlm.errors import ArgumentError
 from ledgerlm.mixture import table as table_module
 from ledgerlm.mixture.table import read_mixture_table
 
@@ -114,11 +115,11 @@ def test_line_numbers_count_the_header_and_blank_lines(tmp_path):
         read_mixture_table(path, "y")
 
 
-BAD_TABLES = [  # (file text, --target, the error after "<path>")
+BAD_TABLES = [  # (file text, target, the error after "<path>")
     ("", "y", ": empty file"),
     ("0.5,0.5,1\n0.5,0.5,2\n", "y", ":1: no header"),
     ("a,b,y\n", "y", ": no rows after the header"),
-    ("a,b,y\n0.5,0.5,1\n", "loss", ":1: --target column 'loss' is not in the header"),
+    ("a,b,y\n0.5,0.5,1\n", "loss", ":1: target column 'loss' is not in the header"),
     ("a,a,y\n0.5,0.5,1\n", "y", ":1: column 'a' appears twice"),
     ("a,,y\n0.5,0.5,1\n", "y", ":1: column 2 of the header has no name"),
     ("a,b,y\n0.5,0.5\n", "y", ":2: 2 fields where the header has 3"),
@@ -152,8 +153,10 @@ def test_missing_file_unknown_ignore_and_missing_domain(tmp_path):
         read_mixture_table(tmp_path / "nope.csv", "y")
     path = tmp_path / "runs.csv"
     write_csv(path, ["a", "b", "y"], [["0.5", "0.5", "1"]])
-    with pytest.raises(ValueError, match=r":1: --ignore column 'seed' is not in the header"):
+    with pytest.raises(ArgumentError, match=r":1: ignore column 'seed' is not in the header"):
         read_mixture_table(path, "y", ignore=["seed"])
+    with pytest.raises(ArgumentError, match=r":1: target column 'loss' is not in the header"):
+        read_mixture_table(path, "loss")
     with pytest.raises(ValueError, match=r":1: no column for domain 'c'"):
         read_mixture_table(path, None, domains=["a", "c"])
     with pytest.raises(ValueError, match="is a folder"):

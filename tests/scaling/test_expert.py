@@ -221,7 +221,11 @@ def test_columns_of_ones_own_naming(tmp_path):
         ("N,D,loss\n1e8,2e9,100.5\n", r"runs.csv:2: column 'loss': '100.5' is not a loss in"),
         ("N,D,loss\n1e8,,3\n", r"runs.csv:2: column 'D': ''"),
         ("size,D,loss\n1e8,2e9,3\n", r"missing column\(s\) for N \(N or n or params"),
-        ("N,loss\n1e8,3\n", r"missing column\(s\) for D or C"),
+        ("size,D,loss\n1e8,2e9,3\n", r"for N \(N or .* or model_size; or name it with n_col\)$"),
+        (
+            "N,loss\n1e8,3\n",
+            r"missing column\(s\) for D or C \(tokens or compute; d_col or c_col\)",
+        ),
         ("N,D,loss\n", r"runs.csv: no rows"),
     ],
 )

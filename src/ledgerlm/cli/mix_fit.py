@@ -75,7 +75,11 @@ def _fmt(x: float | None, spec: str = ".4f") -> str:
     return "-" if x is None or not math.isfinite(x) else format(x, spec)
 
 
-@friendly_errors
+#: The library's arguments as this command's flags (``friendly_errors(flags=...)``).
+FIT_FLAGS = {"target": "--target", "ignore": "--ignore"}
+
+
+@friendly_errors(flags=FIT_FLAGS)
 def fit(
     csv: CsvArg,
     target: TargetOpt,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ledgerlm.errors import ArgumentError
 from ledgerlm.mixture.regress import MIN_ROWS
 from ledgerlm.tables import read_csv
 
@@ -100,17 +101,20 @@ def read_mixture_table(
     rounding of their printed decimals (``rounding_tolerance``: the rows accepted so are
     counted in ``warnings``); they are then renormalised to sum exactly to 1. A table
     with a target is a regression's: it needs ``MIN_ROWS`` rows. Errors are one-line
-    ``ValueError``s naming the file and line (the header is line 1)."""
+    ``ValueError``s naming the file and line (the header is line 1); a ``target`` or
+    ``ignore`` column the header lacks is an ``ArgumentError`` naming that argument."""
     path = Path(path)
     csv = read_csv(path)
     header_line, header, rows = csv.header_line, csv.header, csv.rows
     where = f"{path}:{header_line}"
     for name in [*([target] if target is not None else []), *ignore]:
         if name not in header:
-            what = "--target" if name == target else "--ignore"
-            raise ValueError(
-                f"{where}: {what} column {name!r} is not in the header "
-                f"(columns: {_column_list(header)})"
+            what = "{target}" if name == target else "{ignore}"
+            raise ArgumentError(
+                "{where}: " + what + " column {name!r} is not in the header (columns: {columns})",
+                where=where,
+                name=name,
+                columns=_column_list(header),
             )
     if target is not None and target in ignore:
         raise ValueError(f"{where}: column {target!r} is both the target and ignored")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ledgerlm.errors import ArgumentError
 from ledgerlm.scaling.law import KAPPA
 from ledgerlm.tables import scan_csv
 
@@ -112,7 +113,9 @@ def read_points(
 
     The file is read by ``ledgerlm.tables.scan_csv`` (its header rules: a byte-order
     mark, spaces around names, duplicated names). ``budget_col`` names a column of
-    isoFLOP budget labels (numbers, e.g. 6e18), returned as ``budget``."""
+    isoFLOP budget labels (numbers, e.g. 6e18), returned as ``budget``. A quantity
+    whose column is neither found nor named is an ``ArgumentError`` naming the argument
+    that would name it (``n_col`` ...)."""
     table = scan_csv(path)
     path, fields = table.path, table.header
     where = f"{path}:{table.header_line}"
@@ -123,15 +126,18 @@ def read_points(
     lr = _column(fields, "lr", lr_col, where)
     if budget_col is not None and budget_col not in fields:
         raise ValueError(f"{where}: no column {budget_col!r} for the isoFLOP budget")
-    missing = [
-        f"{q} ({' or '.join(KNOWN[q])}; or name it with --{q.lower()}-col)"
+    missing = [  # the names looked for are values, the arguments fields: {n_col}
+        f"{q} ({{known_{q}}}; or name it with {{{q.lower()}_col}})"
         for q, col in (("N", n), ("loss", loss))
         if col is None
     ]
     if d is None and c is None:
-        missing.append("D or C (tokens or compute; --d-col or --c-col)")
+        missing.append("D or C (tokens or compute; {d_col} or {c_col})")
     if missing:
-        raise ValueError(f"{where}: missing column(s) for {'; '.join(missing)}")
+        known = {f"known_{q}": " or ".join(KNOWN[q]) for q in ("N", "loss")}
+        raise ArgumentError(
+            "{where}: missing column(s) for " + "; ".join(missing), where=where, **known
+        )
     wanted = [n, d or c, loss, *(x for x in (lr, budget_col) if x is not None)]
     read = [(table.column(col), col, _loss if col == loss else _number) for col in wanted]
     values = [array("d") for _ in wanted]

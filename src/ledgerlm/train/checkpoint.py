@@ -1,18 +1,20 @@
 """Checkpoints: safetensors tensors plus a JSON state, published atomically.
 
 A checkpoint folder holds ``model.safetensors`` (weights), ``state.safetensors``
-(optimizer state tensors and the torch CPU generator state) and ``state.json``
+(optimizer state tensors and the generator states: torch's CPU generator, and the
+training GPU's where there is one, ``train/rng.py``) and ``state.json``
 (everything else: optimizer scalars and structure, trainer counters, data cursor,
 recipe digest). ``state.json`` carries the sha256 of every other file and of its
 own content, and loading checks them all before touching the model.
 
 Loading never unpickles code: tensors are safetensors or DCP, the rest is JSON; a
 DCP checkpoint's metadata (a pickle PyTorch writes) is read by an unpickler that
-accepts DCP's own metadata classes only, its other values as ``weights_only``.
+accepts DCP's own metadata classes only, its other values as ``weights_only``
+(``train/dcp_reading.py``).
 
 A sharded model (FSDP, ``train.parallel = "fsdp"``) is saved by every rank at once
 with ``torch.distributed.checkpoint`` (DCP): ``dcp/`` holds each rank's shards of
-the weights and optimizer state, ``rng.safetensors`` every rank's generator state,
+the weights and optimizer state, ``rng.safetensors`` every rank's generator states,
 and ``state.json`` (written by rank 0, with the sha256 of every file) says
 ``"format": "dcp"``. DCP reshards on load, so such a checkpoint resumes on any
 number of ranks, one process included, and a single-process (safetensors)
@@ -29,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
 import re
 import secrets
 import shutil
@@ -43,14 +44,21 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from ledgerlm.train.dcp_reading import safe_dcp_reading
 from ledgerlm.train.distributed import World
 from ledgerlm.train.optim import MultiOptimizer, Optimizer
+from ledgerlm.train.rng import (
+    by_rank,
+    generator_states,
+    of_rank,
+    restore_generators,
+    training_device,
+)
 from ledgerlm.workspace import atomic_write_json, file_sha256, read_json
 
 WEIGHTS = "model.safetensors"
 TENSORS = "state.safetensors"
 STATE = "state.json"
-RNG_KEY = "rng/torch_cpu"
 DCP_DIR = "dcp"
 RNG_FILE = "rng.safetensors"
 
@@ -203,7 +211,7 @@ def _save(
             seen.add(t.data_ptr())
             weights[name] = t.detach().cpu().contiguous()
         save_file(weights, str(tmp / WEIGHTS))
-        tensors: dict[str, torch.Tensor] = {RNG_KEY: torch.get_rng_state()}
+        tensors = generator_states(training_device(model))
         full = dict(state)
         if optimizer is not None:
             opt_tensors, full["optimizer"] = optimizer_state(optimizer)
@@ -266,9 +274,9 @@ def _save_sharded(
         tmp_dir = Path(world.broadcast_object(None if tmp is None else str(tmp)))
         dcp.save(_distributed_state(model, optimizer), checkpoint_id=tmp_dir / DCP_DIR)
         rngs: list[Any] = [None] * world.size
-        dist.all_gather_object(rngs, torch.get_rng_state())
+        dist.all_gather_object(rngs, generator_states(training_device(model)))
         if world.is_main:
-            save_file({f"rng/rank{r}": t for r, t in enumerate(rngs)}, str(tmp_dir / RNG_FILE))
+            save_file(by_rank(rngs), str(tmp_dir / RNG_FILE))
             files = sorted(str(p.relative_to(tmp_dir)) for p in tmp_dir.rglob("*") if p.is_file())
             full = {**state, "format": "dcp", "ranks": world.size}
             _publish(tmp_dir, folder, full, files)
@@ -300,7 +308,7 @@ def _load_distributed(
     single = not dist.is_initialized()
     with warnings.catch_warnings():  # one process reading a sharded checkpoint is intended
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        reader, planner = _safe_dcp_reading(folder / DCP_DIR)
+        reader, planner = safe_dcp_reading(folder / DCP_DIR)
         dcp.load(sd, storage_reader=reader, planner=planner, no_dist=single)
     if optimizer is None:
         set_model_state_dict(model, sd["model"])
@@ -312,68 +320,7 @@ def _load_distributed(
     if restore_rng:
         rngs = load_file(str(folder / RNG_FILE))
         rank = 0 if single else dist.get_rank()
-        torch.set_rng_state(rngs.get(f"rng/rank{rank}", rngs["rng/rank0"]))
-
-
-# The classes a DCP ``.metadata`` file may name; loading refuses any other (it is a
-# pickle, and an unrestricted unpickler would run whatever a tampered file asks for).
-_DCP_CLASSES = {
-    "torch.distributed.checkpoint.metadata": {
-        "Metadata",
-        "MetadataIndex",
-        "StorageMeta",
-        "TensorProperties",
-        "TensorStorageMetadata",
-        "BytesStorageMetadata",
-        "ChunkStorageMetadata",
-        "_MEM_FORMAT_ENCODING",
-    },
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-    "torch.serialization": {"_get_layout"},
-    "torch": {"Size"},
-    "pathlib": {"Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
-    "collections": {"OrderedDict"},
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        allowed = name in _DCP_CLASSES.get(module, ())
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            allowed = True
-        if not allowed:
-            raise pickle.UnpicklingError(f"a DCP checkpoint may not name {module}.{name}")
-        return super().find_class(module, name)
-
-
-def _safe_dcp_reading(folder: Path) -> tuple[Any, Any]:
-    """A DCP reader and load planner that unpickle nothing but DCP's own metadata
-    classes and plain values (tensors are read with ``weights_only`` by DCP itself)."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint._traverse import set_element
-    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-    from torch.distributed.checkpoint.metadata import StorageMeta
-
-    class Reader(FileSystemReader):
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            rank = kwargs.get("rank")
-            name = ".metadata" if rank is None else f"__{rank}.metadata"
-            with open(Path(self.path) / name, "rb") as f:
-                metadata = _MetadataUnpickler(f).load()
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-
-    class Planner(DefaultLoadPlanner):
-        def load_bytes(self, read_item: Any, value: Any) -> None:
-            obj = torch.load(value, weights_only=True)  # ints, floats, lists, dicts
-            if self.flatten_state_dict:
-                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-            else:
-                self.state_dict[read_item.dest_index.fqn] = obj
-
-    return Reader(folder), Planner()
+        restore_generators(of_rank(rngs, rank), training_device(model))
 
 
 def _sharded(model: torch.nn.Module) -> bool:
@@ -420,7 +367,7 @@ def _load_whole_into_sharded(
                 model, opt, {"state": per_name, "param_groups": groups}, options=whole
             )
     if restore_rng:
-        torch.set_rng_state(tensors[RNG_KEY])
+        restore_generators(tensors, training_device(model))
 
 
 def _verified_state(folder: Path) -> dict[str, Any]:
@@ -447,7 +394,7 @@ def load_checkpoint(
     restore_rng: bool = False,
 ) -> dict[str, Any]:
     """Check every file's checksum, load weights into ``model`` (and the optimizer's
-    state, and the torch CPU generator when asked); return the JSON state."""
+    state, and the generators when asked: ``train/rng.py``); return the JSON state."""
     folder = resolve_checkpoint(Path(folder))
     state = _verified_state(folder)
     if state.get("format") == "dcp":
@@ -471,5 +418,5 @@ def load_checkpoint(
                 raise ValueError(f"{folder}: checkpoint has no optimizer state")
             load_optimizer_state(optimizer, tensors, state["optimizer"])
         if restore_rng:
-            torch.set_rng_state(tensors[RNG_KEY])
+            restore_generators(tensors, training_device(model))
     return state

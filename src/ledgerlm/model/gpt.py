@@ -13,7 +13,7 @@ from torch.utils.checkpoint import checkpoint
 from ledgerlm.config import ModelConfig
 from ledgerlm.model.attention import AttentionSpec, attend, attention_spec
 from ledgerlm.model.dtensor import assign_full, is_sharded
-from ledgerlm.model.head_loss import head_loss
+from ledgerlm.model.head_loss import head_loss, head_losses
 
 # What a layer receives: an AttentionSpec, or a (B, 1, T, T) bool mask (the SDPA path).
 Attn = torch.Tensor | AttentionSpec
@@ -183,13 +183,17 @@ class GPT(nn.Module):
         ``mask``: an AttentionSpec (``attention_spec``) or a (B, 1, T, T) bool SDPA mask.
         With ``targets`` and ``weights`` (B, T) it returns instead the loss numerator
         ``sum(weights * -log p(targets))`` (``head_loss``: a training step's, weights 0
-        at unsupervised positions), scoring the head in chunks without the logits.
+        at unsupervised positions), scoring the head in chunks without the logits; with
+        ``targets`` alone and no gradient, each target's -log p (B, T) (``head_losses``:
+        an evaluation's), also in chunks.
         """
         x = self.hidden_states(input_ids, position_ids, mask)
         if targets is None:
             return self.lm_head(x)  # (B, T, V) logits
         if weights is None:
-            raise ValueError("targets need their weights (train.loss.objective_weights)")
+            if torch.is_grad_enabled():
+                raise ValueError("targets need their weights (train.loss.objective_weights)")
+            return head_losses(x, self.lm_head.weight, targets)  # (B, T) per-target losses
         return head_loss(x, self.lm_head.weight, targets, weights)  # () loss numerator
 
     def hidden_states(

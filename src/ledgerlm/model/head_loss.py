@@ -1,5 +1,7 @@
-"""The head's loss numerator scored a chunk of rows at a time, without the (N, V)
-logits: ``head_loss`` and its autograd kernel (``GPT.forward(..., targets=, weights=)``)."""
+"""The head scored a chunk of rows at a time, without the (N, V) logits: the loss
+numerator ``head_loss`` and its autograd kernel (``GPT.forward(..., targets=,
+weights=)``), and each target's loss without a gradient, for evaluation
+(``head_losses``, ``GPT.forward(..., targets=)``)."""
 
 from __future__ import annotations
 
@@ -71,10 +73,43 @@ def head_loss(
     x = x.masked_fill(~keep[..., None], 0.0).reshape(-1, x.shape[-1])
     targets = targets.masked_fill(~keep, 0).reshape(-1)
     weights = weights.reshape(-1)
+    dtype, rows = _plan(x, weight)
+    return _ChunkedHeadLoss.apply(x, weight, targets, weights, rows, dtype)
+
+
+@torch.no_grad()
+def head_losses(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``-log softmax(x @ weight^T)[targets]`` of every position, shape targets.shape
+    (...), without the (..., V) logits and without a gradient: an evaluation's
+    per-target losses, which it sums per domain (and over UTF-8 bytes).
+
+    The same arithmetic as ``head_loss``, chunk by chunk: the matmul in the autocast
+    dtype when autocast is on, the softmax in fp32 (fp64 for an fp64 model); the
+    losses are returned in that accumulation dtype.
+    """
+    shape = targets.shape
+    x, targets = x.reshape(-1, x.shape[-1]), targets.reshape(-1)
+    dtype, rows = _plan(x, weight)
+    acc = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+    with torch.autocast(x.device.type, enabled=False):
+        xc, wc = x.to(dtype), weight.to(dtype)
+        out = torch.empty(x.shape[0], dtype=acc, device=x.device)
+        for start in range(0, x.shape[0], rows):
+            end = min(start + rows, x.shape[0])
+            z = (xc[start:end] @ wc.t()).to(acc)  # (c, V) logits
+            picked = z.gather(1, targets[start:end, None])
+            top = z.amax(-1, keepdim=True)
+            norm = z.sub_(top).exp_().sum(-1, keepdim=True)  # z: exp(logits - top)
+            out[start:end] = (norm.log_() + top - picked).squeeze(1)
+    return out.view(shape)
+
+
+def _plan(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.dtype, int]:
+    """The matmuls' dtype (autocast's when it is on) and the rows of a chunk."""
     device = x.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
     budget = HEAD_CHUNK_BYTES if device == "cpu" else HEAD_CHUNK_BYTES_ACCELERATOR
     rows = max(64, budget // (4 * weight.shape[0]))
     if torch.compiler.is_compiling():  # the traced loop is unrolled: at most 16 chunks
         rows = max(rows, -(-x.shape[0] // 16))
-    return _ChunkedHeadLoss.apply(x, weight, targets, weights, rows, dtype)
+    return dtype, rows

@@ -20,11 +20,10 @@ import torch
 
 from ledgerlm.config import EvalConfig
 from ledgerlm.ledger.target import meets
-from ledgerlm.model.dtensor import local_data
+from ledgerlm.model.dtensor import is_sharded, local_data
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.tokenizer import TokenText
 from ledgerlm.train.distributed import World
-from ledgerlm.train.loss import per_target_loss
 from ledgerlm.train.record import Section
 
 
@@ -42,75 +41,141 @@ def unigram_entropy(val: Sequence[Batch]) -> float:
 
 
 def weights_digest(model: torch.nn.Module) -> str:
-    """Hash of every parameter's bytes: names the exact snapshot an evaluation scored."""
+    """Hash of every parameter's bytes: names the exact snapshot an evaluation scored.
+
+    No rank gathers the model for it: a whole (replicated) tensor is hashed as it is,
+    and the shards of a sharded model (FSDP) are hashed where they lie, each rank its
+    own, the ranks' small digests then all-gathered and hashed in rank order
+    (``_shards_digest``). Identical weights on the same number of ranks give the same
+    digest; a sharded model's depends on its sharding, so an FSDP run on 2 ranks and
+    the same weights in one process (or on 4 ranks) give different digests. Digests
+    are compared only within a run and its resumes, and across rank counts only for
+    replicas (DDP and one process), which hash whole tensors alike.
+    """
     h = hashlib.sha256()
+    shards = None
     for name, tensor in sorted(model.state_dict().items()):
         tensor = tensor.detach()
-        if hasattr(tensor, "full_tensor"):  # a shard: every rank gathers the whole
-            tensor = tensor.full_tensor()
+        if is_sharded(tensor):  # this rank's shard; the others' come by their digests
+            shards = shards or ([], tensor.device_mesh)
+            shards[0].append((name, tensor.to_local()))
+            continue
         h.update(name.encode())
         h.update(tensor.cpu().contiguous().numpy().tobytes())
+    if shards is not None:
+        h.update(_shards_digest(*shards))
     return h.hexdigest()[:16]
+
+
+def _shards_digest(local: list[tuple[str, torch.Tensor]], mesh: Any) -> bytes:
+    """This rank's shards hashed (names, shapes and bytes), every rank's digest
+    all-gathered over ``mesh`` (32 bytes each) and joined in rank order."""
+    import torch.distributed as dist
+
+    h = hashlib.sha256()
+    for name, shard in local:
+        h.update(f"{name}:{tuple(shard.shape)}".encode())
+        h.update(shard.cpu().contiguous().numpy().tobytes())
+    mine = torch.frombuffer(bytearray(h.digest()), dtype=torch.uint8).to(mesh.device_type)
+    every = [torch.empty_like(mine) for _ in range(mesh.size())]
+    dist.all_gather(every, mine, group=mesh.get_group())
+    return b"".join(bytes(d.cpu().tolist()) for d in every)
+
+
+@dataclass(frozen=True)
+class Share:
+    """One rank's validation batches on the model's device (``placed``), kept there
+    for every evaluation of a run: the batches it scores, the forwards every rank runs
+    (``rounds``), and each token id's UTF-8 bytes and characters (``sizes``)."""
+
+    mine: list[Batch]
+    rounds: int
+    spare: Batch | None  # run, not scored, by a rank out of batches of its own
+    sizes: torch.Tensor | None  # (2, V) float64: bytes and characters per token id
+
+
+def placed(
+    val: Sequence[Batch],
+    world: World | None,
+    device: torch.device,
+    text: TokenText | None = None,
+) -> Share:
+    """This rank's share of ``val`` (every ``size``-th batch under ``torchrun``) copied
+    to ``device`` once, through pinned host memory (on the CPU the batches themselves:
+    the same path, nothing copied), with the token text's sizes.
+
+    A sharded model gathers its weights in every forward, so every rank then runs as
+    many forwards as the rank with the most batches: a rank short of them runs a spare
+    (its own first batch, or the set's) and scores nothing.
+    """
+    world = world or World()
+
+    def put(b: Batch) -> Batch:
+        return b if device.type == "cpu" else b.to(device, pin=True)
+
+    mine = [put(b) for b in val[world.rank :: world.size]]
+    rounds = -(-len(val) // world.size) if world.sharded else len(mine)
+    spare = (mine[0] if mine else put(val[0])) if rounds > len(mine) else None
+    sizes = None
+    if text is not None:
+        sizes = torch.from_numpy(np.stack([text.bytes, text.chars])).to(device, torch.float64)
+    return Share(mine, rounds, spare, sizes)
+
+
+def device_of(model: torch.nn.Module) -> torch.device:
+    """Where the model's weights are: its batches go there."""
+    return next(model.parameters()).device
 
 
 class Scoring:
     """One evaluation's per-domain loss sums, batch by batch, so it can be done in
     pieces (``advance``) and finished later (``metrics``).
 
-    Under ``torchrun`` each rank scores every ``size``-th batch and the sums are
-    all-reduced, so every rank gets the same figures as one process would. A sharded
-    model gathers its weights in every forward, so every rank then runs as many
-    forwards as the rank with the most batches (a spare one scores nothing), and frees
-    the gathered weights after them (``_reshard``).
+    Under ``torchrun`` each rank scores its ``share`` (every ``size``-th batch) and the
+    sums are all-reduced, so every rank gets the same figures as one process would; a
+    sharded model frees the weights it gathered for the forwards after them
+    (``_reshard``). The head scores a chunk of rows at a time (``GPT.forward(...,
+    targets=)``): no (B, T, V) logits; the sums stay on the device until ``metrics``.
     """
 
     def __init__(
         self,
         model: torch.nn.Module,
-        val: Sequence[Batch],
+        share: Share,
         attention: str,
         domains: Sequence[str],
         world: World | None = None,
-        text: TokenText | None = None,
     ) -> None:
-        self.model, self.val, self.attention, self.domains = model, val, attention, domains
+        self.model, self.share, self.attention, self.domains = model, share, attention, domains
         self.world = world or World()
-        # UTF-8 bytes and characters per token id: with them, bits per byte and nats per
-        # character, which compare across tokenizers
-        self.text = None
-        if text is not None:
-            self.text = torch.from_numpy(np.stack([text.bytes, text.chars])).to(torch.float64)
-        self.device = next(model.parameters()).device  # batches go where the weights are
-        self.mine = val[self.world.rank :: self.world.size]
-        self.rounds = -(-len(val) // self.world.size) if self.world.sharded else len(self.mine)
+        self.device = device_of(model)
+        self.rounds = share.rounds
         self.done = 0
-        self.total = torch.zeros(len(domains), dtype=torch.float64, device=self.device)
-        self.count = torch.zeros(len(domains), dtype=torch.float64, device=self.device)
-        self.bytes = torch.zeros(len(domains), dtype=torch.float64, device=self.device)
-        self.chars = torch.zeros(len(domains), dtype=torch.float64, device=self.device)
+        sums = torch.zeros(4, len(domains), dtype=torch.float64, device=self.device)
+        self.total, self.count, self.bytes, self.chars = sums
 
     @torch.no_grad()
     def advance(self, rounds: int | None = None) -> bool:
         """Score up to ``rounds`` more batches on every rank (all that are left when
         None); True once every batch is scored."""
         self.model.eval()
+        mine, sizes = self.share.mine, self.share.sizes
         end = self.rounds if rounds is None else min(self.rounds, self.done + rounds)
         for i in range(self.done, end):
-            b = self.mine[i] if i < len(self.mine) else self.val[0]
-            if self.device.type != "cpu":
-                b = b.to(self.device, pin=True)
+            b = mine[i] if i < len(mine) else self.share.spare
             mask = self.model.attention_spec(b.doc_ids, self.attention)
-            logits = self.model(b.input_ids, b.position_ids, mask)
-            if i >= len(self.mine):
+            losses = self.model(b.input_ids, b.position_ids, mask, targets=b.targets)
+            if i >= len(mine):
                 continue
-            losses = per_target_loss(logits, b.targets)[b.loss_mask].double()
-            dom = b.target_domains[b.loss_mask]
-            self.total.index_add_(0, dom, losses)
-            self.count.index_add_(0, dom, torch.ones_like(losses))
-            if self.text is not None:
-                sizes = self.text[:, b.targets[b.loss_mask].cpu()].to(self.device)
-                self.bytes.index_add_(0, dom, sizes[0])
-                self.chars.index_add_(0, dom, sizes[1])
+            # unsupervised positions add 0 to domain 0: no boolean selection, no sync
+            keep = b.loss_mask.flatten()
+            dom = b.target_domains.flatten().clamp(min=0)
+            self.total.index_add_(0, dom, torch.where(keep, losses.flatten().double(), 0.0))
+            self.count.index_add_(0, dom, keep.double())
+            if sizes is not None:
+                kept = sizes[:, b.targets.flatten()] * keep
+                self.bytes.index_add_(0, dom, kept[0])
+                self.chars.index_add_(0, dom, kept[1])
         if self.world.sharded:
             _reshard(self.model)
         self.done = end
@@ -129,7 +194,7 @@ class Scoring:
         for i, name in enumerate(self.domains):
             if count[i] > 0:
                 metrics[f"loss/{name}"] = float(total[i] / count[i])
-        if self.text is not None and n_bytes.sum() > 0:
+        if self.share.sizes is not None and n_bytes.sum() > 0:
             metrics["bpb"] = float(total.sum() / n_bytes.sum()) / math.log(2)
             metrics["nats_per_char"] = float(total.sum() / n_chars.sum())
             for i, name in enumerate(self.domains):
@@ -149,7 +214,8 @@ def evaluate(
     """Token-mean loss (nat/token) overall and per domain of the target's document, and
     with ``text`` bits per byte and nats per character (every rank under ``torchrun``;
     see ``Scoring``)."""
-    scoring = Scoring(model, val, attention, domains, world, text)
+    share = placed(val, world, device_of(model), text)
+    scoring = Scoring(model, share, attention, domains, world)
     scoring.advance()
     return scoring.metrics()
 
@@ -224,6 +290,7 @@ class EvalCallback:
     _pending: tuple[Future, dict[str, Any]] | None = None
     _pool: ThreadPoolExecutor | None = None
     _pieces: tuple[Scoring, list[torch.Tensor], dict[str, Any]] | None = None
+    _share: Share | None = None  # this rank's validation batches, on the device once
     PIECE_ROUNDS: ClassVar[int] = 1  # batches per rank scored at each update boundary
 
     def on_train_start(self, trainer) -> None:
@@ -252,8 +319,17 @@ class EvalCallback:
             self.run(trainer, final=True)
 
     def score(self, trainer) -> dict[str, float]:
+        scoring = self.scoring(trainer, trainer.model)
+        scoring.advance()
+        return scoring.metrics()
+
+    def scoring(self, trainer, model: torch.nn.Module) -> Scoring:
+        """An evaluation of ``model`` on the validation batches, which are placed on the
+        device at the run's first evaluation and kept there for the others."""
         world = getattr(trainer, "world", None)
-        return evaluate(trainer.model, self.val, self.attention, self.domains, world, self.text)
+        if self._share is None:
+            self._share = placed(self.val, world, device_of(model), self.text)
+        return Scoring(model, self._share, self.attention, self.domains, world)
 
     def score_test(self, trainer, test: Sequence[Batch]) -> dict[str, Any]:
         """The once-only test record: the trainer's weights (step, snapshot) scored on the
@@ -298,9 +374,7 @@ class EvalCallback:
         if trainer.world.distributed:
             base = {**self._base(trainer), "snapshot": weights_digest(trainer.model)}
             weights = [local_data(p).clone() for p in trainer.model.parameters()]
-            scoring = Scoring(
-                trainer.model, self.val, self.attention, self.domains, trainer.world, self.text
-            )
+            scoring = self.scoring(trainer, trainer.model)
             self._pieces = (scoring, weights, base)
             return
         snapshot_model = copy.deepcopy(trainer.model)
@@ -309,13 +383,13 @@ class EvalCallback:
             snapshot_model._compiled_call_impl = None
         base = {**self._base(trainer), "snapshot": weights_digest(snapshot_model)}
         autocast = trainer.autocast
+        scoring = self.scoring(trainer, snapshot_model)
 
         def work() -> tuple[dict[str, float], float, float]:
             wall, cpu = time.perf_counter(), time.thread_time()
             with autocast():  # autocast state is per thread
-                metrics = evaluate(
-                    snapshot_model, self.val, self.attention, self.domains, text=self.text
-                )
+                scoring.advance()
+                metrics = scoring.metrics()
             return metrics, time.perf_counter() - wall, time.thread_time() - cpu
 
         if self._pool is None:

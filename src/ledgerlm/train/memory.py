@@ -14,7 +14,8 @@ Per process (per rank under ``torchrun``), at the step's peak:
   the allocator's slack; with activation checkpointing, each block's input plus one
   block recomputed;
 - evaluation: one forward of the largest validation batch without gradients, whose
-  (rows, T, V) logits are whole (and scored in fp32); it happens after an update, when
+  head is scored a chunk of rows at a time (fp32 logits of one chunk, as in the step);
+  it happens after an update, when
   the gradients are still held, so the peak is the larger of it and the step (both,
   and a copy of the weights, when evaluation is asynchronous);
 - other: the validation and test batches held in memory, bf16 copies of the weights
@@ -65,7 +66,7 @@ class MemoryEstimate:
     gradients: int
     optimizer: int
     activations: int  # one micro-batch's forward and backward
-    evaluation: int  # one validation batch's forward, logits whole
+    evaluation: int  # one validation batch's forward, its head in chunks
     other: int  # held-out batches, autocast weight copies, the runtime
     overlap: bool  # evaluation runs beside training (asynchronous)
     rows: int
@@ -134,7 +135,7 @@ def estimate(recipe: Recipe, vocab_size: int, world: World) -> MemoryEstimate:
     bf16 = recipe.train.precision == "bf16"
     parameters, gradients, optimizer, present, local = _weights(recipe, vocab_size, world)
     activations = _step(recipe, vocab_size, world)
-    evaluation, val_rows = _evaluation(recipe, vocab_size)
+    evaluation, val_rows = _evaluation(recipe, vocab_size, world)
     if recipe.eval.asynchronous:
         evaluation += 4 * local  # the copy of this rank's weights it scores
     held_out = 2 if recipe.data.test_fraction > 0 else 1
@@ -199,17 +200,20 @@ def _step(recipe: Recipe, vocab_size: int, world: World) -> int:
     return round(ALLOCATOR_SLACK * (layers + rope + masks + head + backward))
 
 
-def _evaluation(recipe: Recipe, vocab_size: int) -> tuple[int, int]:
+def _evaluation(recipe: Recipe, vocab_size: int, world: World) -> tuple[int, int]:
     """Bytes of one forward of the largest validation batch, and the validation rows."""
     m, seq = recipe.model, recipe.pack.seq_len
     width = 2 if recipe.train.precision == "bf16" else 4
     val_rows = math.ceil(recipe.eval.max_tokens / seq) + 1
     rows = min(recipe.train.micro_batch_rows, val_rows)
-    # logits (in the activations' dtype), their fp32 copy under bf16, their log-softmax,
-    # and a block's tensors, which the forward without gradients frees as it goes
-    logits = rows * seq * vocab_size * (width + (4 if width < 4 else 0) + 4)
+    # one chunk of the head's logits in fp32 (``head_losses``) and, under bf16, the
+    # matmul's bf16 output, and a block's tensors, which the forward without gradients
+    # frees as it goes
+    chunk = HEAD_CHUNK_BYTES if world.device.type == "cpu" else HEAD_CHUNK_BYTES_ACCELERATOR
+    chunk = min(max(chunk, 64 * 4 * vocab_size), 4 * rows * seq * vocab_size)
+    head = chunk + (chunk * width // 4 if width < 4 else 0)
     block = rows * seq * (4 * 4 * m.d_model + 3 * width * ffn_hidden(m))
-    return round(ALLOCATOR_SLACK * (logits + block)), val_rows
+    return round(ALLOCATOR_SLACK * (head + block)), val_rows
 
 
 def _cgroup_room(root: Path, own: str) -> int | None:

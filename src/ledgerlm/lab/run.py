@@ -272,7 +272,7 @@ def follow(workspace: Workspace, world: World) -> RunResult:
     trainer.fit()
     if world.sharded:
         test = test_batches(store, recipe.pack, recipe.eval, recipe.train.micro_batch_rows)
-        close_training(Recorder(), trainer, evaluator, checkpoints, test)
+        close_training(trainer, evaluator, test)
     if shift is not None:
         shift.score(Recorder(), "after", parts.model, None, store.domains, world)
     return RunResult("", data, tokens, {}, math.nan, parts.model.num_params())

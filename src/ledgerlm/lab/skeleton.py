@@ -31,11 +31,10 @@ from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.tokens.loader import test_batches
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.shards import TokenStore, build_tokens
-from ledgerlm.train.checkpointing import save_training
+from ledgerlm.train.checkpointing import checkpointer
 from ledgerlm.train.distributed import World, one_process
-from ledgerlm.train.evaluate import EvalCallback, evaluate, unigram_entropy, weights_digest
+from ledgerlm.train.evaluate import EvalCallback, unigram_entropy
 from ledgerlm.train.loop import Trainer
-from ledgerlm.train.record import Recorder
 from ledgerlm.workspace import BuiltVersion, Workspace
 
 
@@ -177,85 +176,56 @@ def train_run(
             resumed=resumed,
             more=more,
         )
-        with checkpointed_if_locked(recorder, trainer, evaluator, checkpoints):
+        with checkpointed_if_locked(recorder, trainer):
             trainer.fit()
-    with checkpointed_if_locked(recorder, trainer, evaluator, checkpoints):
-        close_training(recorder, trainer, evaluator, checkpoints, test)
+    with checkpointed_if_locked(recorder, trainer):
+        close_training(trainer, evaluator, test)
         reached = evaluator.reached_step is not None
         recorder.ledger.finish_run(recorder.run_id, "reached" if reached else "not reached")
     return trainer
 
 
 @contextmanager
-def checkpointed_if_locked(
-    recorder: LedgerRecorder,
-    trainer: Trainer,
-    evaluator: EvalCallback,
-    checkpoints: tuple[Path, dict[str, Any]],
-) -> Iterator[None]:
+def checkpointed_if_locked(recorder: LedgerRecorder, trainer: Trainer) -> Iterator[None]:
     """A ledger another process held past ``log.ledger_timeout`` stops the run, but only
     once it is checkpointed where it stands (the updates the ledger has not taken and
     an evaluation owed at that step go in the checkpoint), so ``ledgerlm resume``
     continues it; ``failing`` then marks it failed. A sharded run, which every rank
-    checkpoints together, stops at its last checkpoint."""
+    checkpoints together, stops at its last checkpoint. The checkpoint is written by
+    the trainer's checkpoint callback, as every checkpoint of the run is."""
     try:
         yield
     except LedgerBusyError as exc:
         if trainer.world.sharded:
             raise
         step = trainer.state.step
-        folder, extra = checkpoints
         kept = {"unwritten_steps": recorder.rows} if recorder.rows else {}
-        owed = {"owed_evaluation": True} if evaluator.owed else {}
-        save_training(folder, trainer, {**extra, **kept, **owed})
+        checkpointer(trainer).write(trainer, **kept)
         raise LedgerBusyError(
             f"{exc}, past log.ledger_timeout = {recorder.ledger.patience:g} s: the run is "
             f"checkpointed at step {step} (ledgerlm resume {recorder.run_id} continues it)"
         ) from None
 
 
-def close_training(
-    recorder: Recorder,
-    trainer: Trainer,
-    evaluator: EvalCallback,
-    checkpoints: tuple[Path, dict[str, Any]],
-    test: list[Batch],
-) -> None:
-    """The final checkpoint and the once-only test score. Rank 0 does it; with a sharded
-    model every rank does (both gather the weights from all ranks)."""
-    state = trainer.state
-    recorder.start("checkpoint", state.step)
-    recorder.counters(state.counters())
-    recorder.event(events.TRAIN_END, state.stop_reason, step=state.step)
-    folder, extra = checkpoints
-    save_training(folder, trainer, extra)
-    if test:
-        _test_once(recorder, trainer, evaluator, test)
-    recorder.stop()
-
-
-def _test_once(
-    recorder: Recorder, trainer: Trainer, evaluator: EvalCallback, test: list[Batch]
-) -> None:
-    """Score the final weights once on the held-out test split (``data.test_fraction``).
+def close_training(trainer: Trainer, evaluator: EvalCallback, test: list[Batch]) -> None:
+    """The final checkpoint, written by the trainer's checkpoint callback as the periodic
+    ones are, and the once-only test score of the held-out split (``data.test_fraction``)
+    by its evaluator, each a phase of the trainer's recorder. Rank 0 does it; with a
+    sharded model every rank does (both gather the weights from all ranks).
 
     The test set never decides anything during the run (the target is confirmed on
     the validation set, which tuning also uses); it gives the final figure.
     """
-    step = trainer.state.step
-    recorder.start("eval", step, what="test set, once")
-    world = trainer.world if trainer.world.sharded else None  # a sharded model: every rank
-    with trainer.autocast():
-        metrics = evaluate(
-            trainer.model, test, evaluator.attention, evaluator.domains, world, evaluator.text
-        )
-    record = {
-        "step": step,
-        "snapshot": weights_digest(trainer.model),
-        "targets": sum(b.num_targets for b in test),
-        "metrics": {f"test/{k}": v for k, v in metrics.items()},
-    }
-    recorder.event(events.TEST_EVALUATION, json.dumps(record), step=step)
+    state, recorder = trainer.state, trainer.recorder
+    recorder.start("checkpoint", state.step)
+    recorder.counters(state.counters())
+    recorder.event(events.TRAIN_END, state.stop_reason, step=state.step)
+    checkpointer(trainer).write(trainer)
+    if test:
+        recorder.start("eval", state.step, what="test set, once")
+        record = evaluator.score_test(trainer, test)
+        recorder.event(events.TEST_EVALUATION, json.dumps(record), step=state.step)
+    recorder.stop()
 
 
 def prepare_versions(

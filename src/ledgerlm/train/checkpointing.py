@@ -79,11 +79,26 @@ class CheckpointCallback:
         pass
 
     def save(self, trainer) -> Path:
+        """A periodic checkpoint, as a ``checkpoint`` phase interrupting training."""
         trainer.recorder.flush(trainer)  # the record up to this step goes in before the save
-        owed = self.evaluator is not None and self.evaluator.owed
-        extra = {**self.extra, "owed_evaluation": True} if owed else self.extra
         with trainer.recorder.interrupt("checkpoint", trainer.state.step, periodic=True):
-            return save_training(self.folder, trainer, extra)
+            return self.write(trainer)
+
+    def write(self, trainer, **more: Any) -> Path:
+        """The one way the run's checkpoints are written: periodic (``save``), the final
+        one (``lab.skeleton.close_training``) and where a locked ledger stops the run,
+        whose ``more`` state (the updates the ledger has not taken) goes in too."""
+        owed = self.evaluator is not None and self.evaluator.owed
+        extra = {**self.extra, **more, **({"owed_evaluation": True} if owed else {})}
+        return save_training(self.folder, trainer, extra)
+
+
+def checkpointer(trainer) -> CheckpointCallback:
+    """The trainer's checkpoint callback, which writes every checkpoint of its run."""
+    found = [cb for cb in trainer.callbacks if isinstance(cb, CheckpointCallback)]
+    if len(found) != 1:
+        raise ValueError(f"the trainer has {len(found)} checkpoint callbacks, not one")
+    return found[0]
 
 
 class ResumedEval(EvalCallback):

@@ -22,6 +22,7 @@ on the console.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -43,12 +44,15 @@ class LedgerRecorder(Recorder):
     Every optimizer update becomes a ``steps`` row (tokens and targets of that update,
     loss, grad norm, lr, its seconds: since the previous update ended, evaluations and
     checkpoints apart, and when it ended), buffered and written once per ``flush_every``
-    updates. Each write is also the heartbeat of the open phase (``Ledger.beat``), so a
-    process killed mid-segment leaves the last time it was known alive. The buffer is therefore
-    also written at the first update of each newly opened phase and whenever
-    ``flush_seconds`` passed since the last write: with evaluations cutting training
-    into segments every ``flush_every`` updates, a count alone would beat each segment
-    only just before it ends normally, never while it could be killed.
+    updates. A row's loss and grad norm are the trainer's once it has read them
+    (``Trainer.unread``: the next update reads them, or a flush does, ``settle``), so
+    only a flush waits for the device. Each write is also the heartbeat of the open
+    phase (``Ledger.beat``), so a process killed mid-segment leaves the last time it
+    was known alive. The buffer is therefore also written at the first update of each
+    newly opened phase and whenever ``flush_seconds`` passed since the last write: with
+    evaluations cutting training into segments every ``flush_every`` updates, a count
+    alone would beat each segment only just before it ends normally, never while it
+    could be killed.
 
     While another process holds the ledger, the rows wait in memory and training goes
     on; at ``max_rows`` of them training waits for the ledger (see the module doc).
@@ -76,6 +80,9 @@ class LedgerRecorder(Recorder):
         self.flush_every = max(1, flush_every)
         self.flush_seconds = flush_seconds
         self.rows: list[dict[str, Any]] = []
+        # the latest update's row while the trainer has not read its loss (Trainer.unread)
+        self._unread_row: tuple[dict[str, Any], Any] | None = None
+        self._trainer: Any = None
         self._last = (0, 0, 0)  # step, tokens, targets at the previous row
         self._flushed_at = time.monotonic()
         self._beaten: int | None = None  # id of the phase the last write beat
@@ -103,33 +110,51 @@ class LedgerRecorder(Recorder):
     # -- per-update rows and heartbeats -------------------------------------------------
 
     def on_train_start(self, trainer: Any) -> None:
+        self._trainer = trainer
         s = trainer.state
         self._last = (s.step, s.tokens, s.targets)
         self._flushed_at = time.monotonic()
         self._step_began = time.perf_counter()
 
     def on_step_end(self, trainer: Any) -> None:
+        self._take_unread_row(trainer)
         s = trainer.state
         step, tokens, targets = self._last
         if s.step == step:  # no update happened (a skipped step)
             return
         now = time.perf_counter()
         seconds, self._step_began = now - self._step_began, now
-        self.rows.append(
-            {
-                "step": s.step,
-                "tokens": s.tokens - tokens,
-                "targets": s.targets - targets,
-                "loss": s.loss,
-                "grad_norm": s.grad_norm,
-                "lr": s.lr,
-                "seconds": seconds,  # since the previous update ended (evaluations apart)
-                "at": time.time(),  # when it ended: the wall time every sink stamps it with
-            }
-        )
+        row = {
+            "step": s.step,
+            "tokens": s.tokens - tokens,
+            "targets": s.targets - targets,
+            "loss": s.loss,
+            "grad_norm": s.grad_norm,
+            "lr": s.lr,
+            "seconds": seconds,  # since the previous update ended (evaluations apart)
+            "at": time.time(),  # when it ended: the wall time every sink stamps it with
+        }
+        record = getattr(trainer, "unread", None)
+        if record is not None and record.step == s.step:
+            self._unread_row = (row, record)  # its loss is read by the next update or a flush
+        else:
+            self.rows.append(row)
         self._last = (s.step, s.tokens, s.targets)
-        if len(self.rows) >= self.flush_every or self._beat_due():
+        if len(self.rows) + (self._unread_row is not None) >= self.flush_every or self._beat_due():
             self.flush(trainer, wait=len(self.rows) >= self.max_rows)
+
+    def _take_unread_row(self, trainer: Any) -> None:
+        """The held row joins the buffer once the trainer read its update's loss and
+        grad norm; a non-finite update (undone by the trainer, which raises) never does."""
+        if self._unread_row is None:
+            return
+        row, record = self._unread_row
+        if getattr(trainer, "unread", None) is record:
+            return
+        self._unread_row = None
+        if math.isfinite(record.loss) and math.isfinite(record.grad_norm):
+            row["loss"], row["grad_norm"] = record.loss, record.grad_norm
+            self.rows.append(row)
 
     def _beat_due(self) -> bool:
         phase = self.clock.current
@@ -142,7 +167,14 @@ class LedgerRecorder(Recorder):
         """Write the buffered rows and beat the open phase up to their last step (one
         transaction). Without ``wait``, a ledger another process holds keeps them in
         memory and training goes on; with it (before a checkpoint, at the end, with
-        ``max_rows`` buffered) training waits for the ledger, up to its patience."""
+        ``max_rows`` buffered) training waits for the ledger, up to its patience.
+
+        A row whose loss the trainer has not read yet is read first (``settle``: on CUDA
+        the host waits for that update's copy): a flush is where the step loop syncs."""
+        trainer = trainer if trainer is not None else self._trainer
+        if self._unread_row is not None and trainer is not None:
+            trainer.settle()
+            self._take_unread_row(trainer)
         if self.rows:
             phase = self.clock.current
             beat = None if phase is None else phase.id

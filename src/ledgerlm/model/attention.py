@@ -9,8 +9,9 @@ device, the mode and ``model.attention_backend``) and every layer reuses it:
 - ``sdpa``: SDPA with an explicit (B, 1, T, T) boolean mask, True = "may attend".
   The CPU path, and the default everywhere but CUDA.
 - ``flex``: ``isolated`` on CUDA: ``flex_attention`` with a block mask built once
-  per batch from the same predicate (``document_mask_mod``); 128 x 128 tiles that
-  hold no allowed pair are skipped instead of computed and masked.
+  per batch from the same predicate (``document_mask_mod``), by a compiled
+  ``create_block_mask`` on CUDA; 128 x 128 tiles that hold no allowed pair are
+  skipped instead of computed and masked.
 - ``causal``: ``cross`` on CUDA: SDPA with ``is_causal=True`` and no mask tensor.
 
 Padding stays out of every real token's context in each backend: in ``isolated``
@@ -103,8 +104,18 @@ def attention_spec(
             f"attention_backend = 'flex' needs head_dim >= {FLEX_MIN_HEAD_DIM}, got {head_dim}"
         )
     b, t = doc_ids.shape
-    block_mask = create_block_mask(document_mask_mod(doc_ids), b, None, t, t, device=doc_ids.device)
+    build = _compiled_block_mask() if doc_ids.is_cuda else create_block_mask
+    block_mask = build(document_mask_mod(doc_ids), b, None, t, t, device=doc_ids.device)
     return AttentionSpec(kind, block_mask=block_mask)
+
+
+@functools.cache
+def _compiled_block_mask() -> Callable[..., BlockMask]:
+    """``create_block_mask`` compiled once (as torchtitan does): run eagerly it
+    materialises the dense (B, 1, T, T) predicate before tiling it, gigabytes at T = 8k;
+    compiled, it evaluates the mask function tile by tile. CPU keeps the eager build (its
+    flex path is a forward-only check; training there takes the SDPA mask)."""
+    return torch.compile(create_block_mask, dynamic=False)
 
 
 def attend(

@@ -6,13 +6,15 @@ What it spends and measures goes to one ``Recorder`` (the ledger, when the lab r
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch.profiler import record_function
 
@@ -95,6 +97,32 @@ def _number(x: float) -> float | str:
     return x if math.isfinite(x) else str(x)
 
 
+@dataclass
+class _Unread:
+    """An update whose loss and grad norm are on their way to the host buffer."""
+
+    record: StepRecord
+    ready: Any = None  # torch.cuda.Event: the copy is done
+    micro: list[Batch] = field(default_factory=list)
+    placed: list[Any] = field(default_factory=list)
+    before: dict[str, Any] | None = None  # the state before it, to undo it on the host
+
+
+def _host_array(t: torch.Tensor) -> np.ndarray:
+    return t.numpy() if t.device.type == "cpu" else t.cpu().numpy()
+
+
+def _host_counts(mb: Batch, objective: str, empty_rows: str) -> tuple[int, int, int]:
+    """(supervised targets, objective denominator, real tokens) of a host micro-batch,
+    read through numpy views of its tensors: nothing waits for the device."""
+    mask = _host_array(mb.loss_mask)
+    return (
+        int(np.count_nonzero(mask)),
+        objective_denominator(mask, objective, empty_rows),
+        int(np.count_nonzero(_host_array(mb.valid))),
+    )
+
+
 def describe_batches(micro: Sequence[Batch]) -> dict[str, Any]:
     """Which data a step saw: enough to find and replay the offending rows."""
     domains = sorted({int(d) for mb in micro for d in mb.target_domains[mb.loss_mask].tolist()})
@@ -144,6 +172,9 @@ class Trainer:
         self.events: list[dict[str, Any]] = []
         self.max_consecutive_skips = max_consecutive_skips
         self._consecutive_skips = 0
+        self._unread: _Unread | None = None  # the applied update whose values are unread
+        self._failed: _Unread | None = None  # read non-finite, raised at the next check
+        self._host: torch.Tensor | None = None  # (loss, grad norm), pinned on CUDA
         self.spikes = SpikeDetector(cfg.spike_factor, cfg.spike_warmup)
         if cfg.compile:
             # In place (nn.Module.compile), not a wrapper: the module keeps its parameter
@@ -177,13 +208,26 @@ class Trainer:
         return torch.autocast(self.world.device.type, dtype=torch.bfloat16, enabled=bf16)
 
     def train_step(self) -> float:
+        """One optimizer update over ``grad_accum`` micro-batches on every rank, its loss
+        and gradient norm read before its optimizer step (one host synchronisation), as a
+        caller that wants the loss back needs. ``fit`` reads them one update later (see
+        ``settle``). Returns the step's loss (NaN/inf for a skipped step)."""
+        record = self._update(read_now=True)
+        return record.loss
+
+    def _update(self, read_now: bool) -> StepRecord:
         """One optimizer update over ``grad_accum`` micro-batches on every rank.
 
         The step's denominator depends only on the label masks, so it is summed
-        (over micro-batches and ranks) before any forward; each micro-batch then
-        backpropagates its numerator / that global denominator, gradients are summed
-        over ranks, and the update equals that of one big batch whatever the split.
-        Returns the step's loss (NaN/inf for a skipped step).
+        (over micro-batches and ranks) before any forward, from the host batches (no
+        device round trip); each micro-batch then backpropagates its numerator / that
+        global denominator, gradients are summed over ranks, and the update equals that
+        of one big batch whatever the split.
+
+        The loss and the gradient norm stay on the device, copied (non-blocking on CUDA)
+        into a host buffer. ``read_now`` reads them before the optimizer step, as a skip
+        policy needs; otherwise the update is applied and its values are read by the
+        next update, after that one's forward and backward are queued (``settle``).
         """
         cfg, s, world = self.cfg, self.state, self.world
         micro: list[Batch] = []
@@ -193,13 +237,14 @@ class Trainer:
             placed += getattr(self.batches, "last_documents", ())
         step = s.step + 1
         terms = (cfg.objective, cfg.empty_rows)
+        local = [_host_counts(mb, *terms) for mb in micro]  # (targets, denominator, tokens)
         n_targets, denominator, tokens, rows = (
             int(x)
-            for x in world.all_reduce(
+            for x in world.all_reduce(  # host values over gloo: no device round trip
                 [
-                    sum(mb.num_targets for mb in micro),
-                    sum(objective_denominator(mb.loss_mask, *terms) for mb in micro),
-                    sum(int(mb.valid.sum()) for mb in micro),
+                    sum(c[0] for c in local),
+                    sum(c[1] for c in local),
+                    sum(c[2] for c in local),
                     sum(mb.input_ids.shape[0] for mb in micro),
                 ],
                 torch.float64,  # exact for counts below 2**53
@@ -214,13 +259,13 @@ class Trainer:
         for i, mb in enumerate(micro):
             # One process may skip a micro-batch without targets (it adds 0 to the
             # numerator; its rows are counted); an engine must run on every rank alike.
-            if mb.num_targets == 0 and world.parallel == "none":
+            if local[i][0] == 0 and world.parallel == "none":
                 continue
             mb = world.to_device(mb)
             # Named ranges (``trainer.*``) let a profile say where a step goes; they cost
             # nothing measurable when no profiler is running.
             with self._sync(i == last), self.autocast():  # backward reuses the dtypes
-                with record_function("trainer.mask"):
+                with record_function("trainer.mask"):  # once per micro-batch, all layers
                     mask = self.model.attention_spec(mb.doc_ids, self.attention)
                 with record_function("trainer.forward"):
                     # The model scores its head itself (GPT.forward with targets): the
@@ -232,47 +277,142 @@ class Trainer:
             with self._sync(i == last), record_function("trainer.backward"):
                 (numerator / denominator).backward()
             total += numerator.detach().double()
-        (numerator_sum,) = world.all_reduce([float(total)], torch.float64)
-        loss = numerator_sum / denominator
+        # The previous update's values: its work is done, or queued before this one's.
+        self.settle()
+        self._raise_if_failed()
+        if world.distributed:  # the numerator summed over ranks on the device
+            torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.SUM)
         with record_function("trainer.clip"):
-            grad_norm = float(
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or math.inf)
+            norm = torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(), cfg.grad_clip or math.inf
             )
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a sharded norm
         factor = lr_factor(schedule_position(cfg, step, s.tokens), cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = group["base_lr"] * factor
         lr = float(self.optimizer.param_groups[0]["lr"]) if self.optimizer.param_groups else 0.0
         record = StepRecord(
             step=step,
-            loss=loss,
-            grad_norm=grad_norm,
+            loss=math.nan,  # read from the device by ``settle``
+            grad_norm=math.nan,
             lr=lr,
             tokens=tokens,
             targets=n_targets,
             denominator=denominator,
         )
-        finite = math.isfinite(loss) and math.isfinite(grad_norm)
-        if not finite:
-            self._non_finite(record, micro, placed)
-        elif self._spike(record, micro, placed) and cfg.on_spike == "skip":
-            self._drop(record)
-        else:
-            self._consecutive_skips = 0
+        unread = self._copy_out(torch.stack([total / denominator, norm.double()]), record)
+        unread.micro, unread.placed = micro, placed
+        if read_now:
+            self._read(unread)
+            finite = math.isfinite(record.loss) and math.isfinite(record.grad_norm)
+            if not finite:
+                self._non_finite(record, micro, placed)
+            elif self._spike(record, micro, placed) and cfg.on_spike == "skip":
+                self._drop(record)
+            else:
+                self._consecutive_skips = 0
+                self.optimizer.step()
+                self._commit(record)
+                s.loss, s.grad_norm = record.loss, record.grad_norm
+        else:  # applied now, read by the next update; undone on the host if non-finite
+            unread.before = {
+                f.name: copy.copy(getattr(s, f.name)) for f in fields(s) if f.name != "history"
+            }
             self.optimizer.step()
-            s.step, s.loss, s.grad_norm, s.lr = step, loss, grad_norm, lr
-            s.step_tokens, s.step_targets, s.denominator = record.tokens, n_targets, denominator
-            s.targets += n_targets
+            self._commit(record)
+            self._unread = unread
         s.tokens += record.tokens
         s.rows += rows
         if hasattr(self.batches, "consumed_by_domain"):
             s.domain_tokens = self.batches.consumed_by_domain()
         s.history.append(record)
-        return loss
+        return record
+
+    def _commit(self, record: StepRecord) -> None:
+        s = self.state
+        s.step, s.lr = record.step, record.lr
+        s.step_tokens, s.step_targets, s.denominator = (
+            record.tokens,
+            record.targets,
+            record.denominator,
+        )
+        s.targets += record.targets
+
+    @property
+    def reads_at_once(self) -> bool:
+        """Whether ``fit`` reads each update's loss before its optimizer step: only a skip
+        policy needs it (whether the update is applied depends on the loss)."""
+        spikes_skip = self.cfg.on_spike == "skip" and self.cfg.spike_factor > 0
+        return self.cfg.nonfinite == "skip" or spikes_skip
+
+    @property
+    def unread(self) -> StepRecord | None:
+        """The applied update whose loss and gradient norm are not read yet, if any."""
+        return None if self._unread is None else self._unread.record
+
+    def _copy_out(self, values: torch.Tensor, record: StepRecord) -> _Unread:
+        """The update's (loss, grad norm) into the host buffer: on CUDA a non-blocking
+        copy into pinned memory and an event, so the host goes on queueing work."""
+        if self._host is None:
+            self._host = torch.empty(2, dtype=torch.float64, pin_memory=values.is_cuda)
+        self._host.copy_(values.detach(), non_blocking=values.is_cuda)
+        ready = None
+        if values.is_cuda:
+            ready = torch.cuda.Event()
+            ready.record()
+        return _Unread(record, ready)
+
+    def _read(self, unread: _Unread) -> None:
+        """Fill the record from the host buffer (waiting for its copy on CUDA)."""
+        if unread.ready is not None:
+            unread.ready.synchronize()
+        assert self._host is not None
+        loss, grad_norm = self._host.numpy().tolist()  # host memory: no device access
+        unread.record.loss, unread.record.grad_norm = loss, grad_norm
+
+    def settle(self) -> None:
+        """Read the last applied update's loss and gradient norm, if not read yet.
+
+        The next update calls it once its forward and backward are queued, so on CUDA
+        the copy waited for is long done (or queued before the device's current work);
+        whoever needs the values sooner (a ledger flush, a checkpoint, the end of
+        training) calls it too. A finite update is then looked at for a spike (recorded,
+        ``on_spike = "record"``); a non-finite one is undone on the host and raised at
+        the next point every rank reaches alike (``_raise_if_failed``), never here, so a
+        rank that settles sooner (rank 0's ledger) does not leave the others behind.
+        """
+        unread, self._unread = self._unread, None
+        if unread is None:
+            return
+        self._read(unread)
+        record, s = unread.record, self.state
+        if not (math.isfinite(record.loss) and math.isfinite(record.grad_norm)):
+            self._failed = unread
+            return
+        self._consecutive_skips = 0
+        s.loss, s.grad_norm = record.loss, record.grad_norm
+        self._spike(record, unread.micro, unread.placed)
+
+    def _raise_if_failed(self) -> None:
+        """A non-finite update read late: the state goes back to before it (as if it
+        was never applied, the weights apart), then its event is recorded and raised."""
+        unread, self._failed = self._failed, None
+        if unread is None:
+            return
+        s = self.state
+        for name, value in (unread.before or {}).items():
+            setattr(s, name, value)
+        s.history = [r for r in s.history if r is not unread.record]
+        self._non_finite(unread.record, unread.micro, unread.placed)
 
     def _sync(self, last: bool) -> AbstractContextManager[Any]:
         """Gradients are summed over ranks once per update, in the last micro-batch's
-        backward; the others accumulate locally."""
-        if last or self.world.parallel != "ddp":  # FSDP reduce-scatters every backward
+        backward; the others accumulate locally (DDP's ``no_sync``; FSDP's
+        ``set_requires_gradient_sync``, which holds the unsharded gradients until then)."""
+        if self.world.parallel == "fsdp":
+            self.engine.set_requires_gradient_sync(last)  # type: ignore[operator]
+            return nullcontext()
+        if last or self.world.parallel != "ddp":
             return nullcontext()
         return self.engine.no_sync()  # type: ignore[operator]
 
@@ -344,7 +484,10 @@ class Trainer:
         self.state.skipped_steps += 1
 
     def state_dict(self) -> dict[str, Any]:
-        """Trainer state a resume needs beyond weights, optimizer and data cursor."""
+        """Trainer state a resume needs beyond weights, optimizer and data cursor (the
+        last update's values read first: a non-finite one raises before any is saved)."""
+        self.settle()
+        self._raise_if_failed()
         return {
             "state": self.state.to_dict(),
             "events": self.events,
@@ -354,6 +497,7 @@ class Trainer:
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.state = TrainState.from_dict(d["state"])
+        self._unread = self._failed = None
         self.events = list(d.get("events", []))
         self._consecutive_skips = int(d.get("consecutive_skips", 0))
         self.spikes.load_state_dict(d.get("spikes", {}))
@@ -368,13 +512,15 @@ class Trainer:
                     cb.on_train_start(self)
             while self.state.step < self.cfg.max_steps and not self.state.should_stop:
                 before = self.state.step
-                self.train_step()
+                self._update(read_now=self.reads_at_once)
                 if self.state.step == before:  # skipped: nothing new to evaluate or report
                     continue
                 with self.autocast():
                     recorder.on_step_end(self)
                     for cb in self.callbacks:
                         cb.on_step_end(self)
+            self.settle()
+            self._raise_if_failed()
             if not self.state.stop_reason:
                 self.state.stop_reason = "max_steps"
             with self.autocast():

@@ -15,6 +15,7 @@ Objectives (any per-target loss, not only cross-entropy):
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -46,10 +47,13 @@ def _check(objective: str, empty_rows: str) -> None:
         raise ValueError(f"unknown empty_rows {empty_rows!r} ({' | '.join(EMPTY_ROW_POLICIES)})")
 
 
-def objective_denominator(loss_mask: torch.Tensor, objective: str, empty_rows: str) -> int:
-    """The denominator needs only the label mask, so a step knows it before any forward."""
+def objective_denominator(
+    loss_mask: torch.Tensor | np.ndarray, objective: str, empty_rows: str
+) -> int:
+    """The denominator needs only the label mask, so a step knows it before any forward
+    (from the host batch's mask as a numpy array: no device round trip)."""
     _check(objective, empty_rows)
-    mask = loss_mask.bool()
+    mask = loss_mask.astype(bool) if isinstance(loss_mask, np.ndarray) else loss_mask.bool()
     if objective == "token_mean":
         return int(mask.sum())
     rows = mask.reshape(-1, mask.shape[-1])

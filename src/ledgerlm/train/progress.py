@@ -7,7 +7,10 @@ import time
 
 class ProgressCallback:
     """Advances a progress task by one per update, showing the loss, the learning rate
-    and the tokens per second since the previous update (evaluations included)."""
+    and the tokens per second since the previous update (evaluations included).
+
+    The loss is the latest the trainer read (``TrainState.loss``): between two ledger
+    flushes, the previous update's, so showing it never waits for the device."""
 
     def __init__(self, task) -> None:
         self.task = task

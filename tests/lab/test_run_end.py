@@ -1,5 +1,6 @@
-"""A run's final checkpoint is written the way its periodic ones are (the trainer's
-checkpoint callback): at the last step it holds what a periodic checkpoint there holds."""
+"""How a run ends: its final checkpoint is written the way its periodic ones are (the
+trainer's checkpoint callback), so at the last step it holds what a periodic checkpoint
+there holds; the once-only test score is the final weights' on the test split."""
 
 import json
 import shutil
@@ -9,9 +10,13 @@ import pytest
 
 from ledgerlm.config import load_recipe
 from ledgerlm.lab import skeleton
+from ledgerlm.lab.export import load_run_model
 from ledgerlm.lab.run import run_recipe
+from ledgerlm.tokens.loader import test_batches
+from ledgerlm.tokens.shards import TokenStore
 from ledgerlm.train.checkpoint import STATE, WEIGHTS, resolve_checkpoint
 from ledgerlm.train.checkpointing import checkpointer, save_training
+from ledgerlm.train.evaluate import evaluate, weights_digest
 from ledgerlm.workspace import Workspace
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.toml"
@@ -78,3 +83,19 @@ def test_a_second_save_path_for_the_final_checkpoint_is_caught(tmp_path, monkeyp
     monkeypatch.setattr(skeleton, "checkpointer", _Beside)
     with pytest.raises(AssertionError):
         _final_and_periodic(tmp_path)
+
+
+def test_the_test_score_is_the_final_weights_on_the_test_split(tmp_path):
+    sets = ["train.max_steps=4", "eval.every_steps=4", "data.test_fraction=0.1"]
+    recipe = load_recipe(TINY, [*sets, "train.threads=1"])
+    ws = Workspace(tmp_path)
+    result = run_recipe(recipe, ws)
+    (event,) = [e for e in result.summary["events"] if e["kind"] == "test_evaluation"]
+    record = json.loads(event["message"])
+    final = load_run_model(ws, result.run_id).model  # the final checkpoint's weights
+    store = TokenStore(result.tokens.path)
+    test = test_batches(store, recipe.pack, recipe.eval, recipe.train.micro_batch_rows)
+    metrics = evaluate(final, test, recipe.pack.attention, store.domains, text=store.text)
+    assert record["step"] == 4 and record["snapshot"] == weights_digest(final)
+    assert record["targets"] == sum(b.num_targets for b in test) > 0
+    assert record["metrics"] == {f"test/{k}": v for k, v in metrics.items()}

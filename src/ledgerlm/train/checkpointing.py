@@ -1,4 +1,5 @@
-"""Resumable training: periodic checkpoints, and continuing a trainer from one.
+"""Resumable training: the checkpoint callback, which writes every checkpoint of a run
+(periodic, final, and where a locked ledger stops it), and continuing a trainer from one.
 
 A checkpoint is saved only between optimizer updates, after every other callback
 has seen the update (so the evaluation of that step is already recorded and the
@@ -51,7 +52,8 @@ def load_training(folder: Path, model: torch.nn.Module, optimizer: Optimizer) ->
 
 class CheckpointCallback:
     """Saves a resumable checkpoint every ``every`` updates (0 = never), timed in the
-    ledger as a ``checkpoint`` phase that interrupts training.
+    ledger as a ``checkpoint`` phase that interrupts training; the run's other
+    checkpoints are written by it too (``write``), so every one holds the same state.
 
     An asynchronous evaluation still being scored when the checkpoint is written is not
     in the ledger yet: the checkpoint says it is owed, and a resume from it scores the

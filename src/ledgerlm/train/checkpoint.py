@@ -334,20 +334,26 @@ def _load_whole_into_sharded(
     optimizer: Optimizer | None,
     restore_rng: bool,
 ) -> None:
-    """A single-process (safetensors) checkpoint into a sharded model: every rank reads
-    the whole tensors and keeps its shards; the optimizer state, saved by parameter
-    index, is matched to parameter names through the new optimizer's groups."""
+    """A single-process (safetensors) checkpoint into a sharded model: rank 0 alone reads
+    the tensors and broadcasts them one at a time (``broadcast_from_rank0``), each rank
+    keeping its shards, so no other rank holds the file in memory; the optimizer state,
+    saved by parameter index, is matched to parameter names through the new optimizer's
+    groups (which every rank builds from state.json). Every rank takes the one
+    process's generator states."""
+    import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         set_model_state_dict,
         set_optimizer_state_dict,
     )
 
-    whole = StateDictOptions(full_state_dict=True, strict=False)  # a tied head is not saved
-    set_model_state_dict(model, load_file(str(folder / WEIGHTS)), options=whole)
+    main = dist.get_rank() == 0
+    # a tied head is not saved (not strict); rank 0's whole tensors reach every rank
+    whole = StateDictOptions(full_state_dict=True, strict=False, broadcast_from_rank0=True)
+    set_model_state_dict(model, load_file(str(folder / WEIGHTS)) if main else {}, options=whole)
     if optimizer is None and not restore_rng:
         return
-    tensors = load_file(str(folder / TENSORS))
+    tensors = load_file(str(folder / TENSORS)) if main else {}
     if optimizer is not None:
         names = {id(p): n for n, p in model.named_parameters()}
         for part, opt in _parts(optimizer).items():
@@ -358,7 +364,8 @@ def _load_whole_into_sharded(
                 named = [names[id(p)] for p in live["params"]]
                 groups.append({**group, "params": named})
             per_name: dict[str, dict[str, Any]] = {}
-            for idx, entry in saved["state"].items():
+            held = saved["state"] if main else {}  # the other ranks' tensors come from 0
+            for idx, entry in held.items():
                 values = dict(entry["values"])
                 for key in entry["tensors"]:
                     values[key] = tensors[f"optimizer/{part}/{idx}/{key}"].clone()
@@ -367,7 +374,9 @@ def _load_whole_into_sharded(
                 model, opt, {"state": per_name, "param_groups": groups}, options=whole
             )
     if restore_rng:
-        restore_generators(tensors, training_device(model))
+        box = [{k: v for k, v in tensors.items() if k.startswith("rng/")}]
+        dist.broadcast_object_list(box, src=0, device=torch.device("cpu"))
+        restore_generators(box[0], training_device(model))
 
 
 def _verified_state(folder: Path) -> dict[str, Any]:

@@ -38,3 +38,22 @@ def test_a_search_planned_otherwise_names_the_name_flag(tmp_path):
         f"{ws.search_file('mixes')}: search mixes was planned from another recipe or "
         "settings; run it with the same recipe and flags, or give this one another --name"
     )
+
+
+def test_a_search_takes_the_regressions_models_from_the_library(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from ledgerlm.cli.main import app
+    from ledgerlm.mixture import regress
+
+    def search_with(model: str) -> str:
+        args = ["mix", "search", str(tmp_path / "absent.toml"), "--model", model]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, result.output
+        return " ".join(result.stderr.split())
+
+    # refused before the recipe is read, naming the models the regression fits
+    assert search_with("forest") == "error: --model 'forest': use auto, lightgbm or linear"
+    monkeypatch.setattr(regress, "MODELS", (*regress.MODELS, "forest"))
+    assert search_with("forest").startswith(f"error: {tmp_path / 'absent.toml'}")
+    assert search_with("tree") == "error: --model 'tree': use auto, lightgbm, linear or forest"

@@ -223,10 +223,11 @@ def search(
     """
     from ledgerlm.lab.mix_search.doremi import doremi_search
     from ledgerlm.lab.mix_search.regmix import search_mixture
+    from ledgerlm.mixture.regress import MODELS
     from ledgerlm.workspace import Workspace
 
-    if model not in ("auto", "lightgbm", "linear"):
-        raise ValueError(f"--model {model!r}: use auto, lightgbm or linear")
+    if model not in MODELS:  # for either method, before the recipe is read
+        raise ValueError(f"--model {model!r}: use {', '.join(MODELS[:-1])} or {MODELS[-1]}")
     if method not in ("regmix", "doremi"):
         raise ValueError(f"--method {method!r}: use regmix or doremi")
     base = load_recipe(recipe, set_)

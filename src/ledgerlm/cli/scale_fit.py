@@ -450,6 +450,8 @@ def _print_recommendation(result: dict[str, Any], where: str) -> None:
 
 
 def _print_lifecycle(life: dict[str, Any]) -> None:
+    from ledgerlm.lab.scaling.recommend import trains
+
     lt = FitTable(
         title=f"lifecycle: training + R requests of {life['tokens_per_request']:,.0f} tokens "
         f"({life['inference_kappa']:g} N FLOPs a token) within C; 95% intervals below; "
@@ -460,7 +462,7 @@ def _print_lifecycle(life: dict[str, Any]) -> None:
         lt.add_column(col, justify="right")
     starved, flagged = [], []
     for r in life["rows"]:
-        if r["D"] < 1:  # serving the requests takes the whole budget
+        if not trains(r):  # serving the requests takes the whole budget
             starved.append(_g(r["R"]))
             lt.add_row(_g(r["R"]), "-", "-", "-", "0%", "-")
             continue

@@ -29,6 +29,12 @@ _FIT_KEYS = (
 )
 
 
+def trains(row: dict[str, Any]) -> bool:
+    """Whether a lifecycle row's model trains on at least one token; when not, serving
+    its requests takes the whole budget (no interval, no extrapolation flag)."""
+    return row["D"] >= 1
+
+
 def _requests(requests: str | Sequence[float]) -> list[float]:
     """Requests R as numbers >= 0; a string is split on commas (``0,1e6,1_000_000``)."""
     items = requests.split(",") if isinstance(requests, str) else requests
@@ -147,10 +153,9 @@ def recommend(
             else [None] * len(rows)
         )
         for row, band in zip(rows, bands, strict=True):
-            trains = row["D"] >= 1
             row["extrapolation"] = (
                 extrapolation_warning(law.range_, C=row["C_train"], N=row["N"], D=row["D"])
-                if trains
+                if trains(row)
                 else None
             )
             row["interval"] = band

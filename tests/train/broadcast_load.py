@@ -47,7 +47,13 @@ def main(folder: Path, out: Path) -> None:
             return real(path, *args, **kwargs)
 
         checkpoint.load_file = spy
-        checkpoint.load_checkpoint(folder, model, optimizer, restore_rng=True)
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            checkpoint.load_checkpoint(folder, model, optimizer, restore_rng=True)
+        except ValueError as exc:  # every rank must say it, none wait for another
+            (out / f"rank{world.rank}.json").write_text(json.dumps({"error": str(exc)}))
+            del model, optimizer
+            return
         names = {id(p): n for n, p in model.named_parameters()}
         tensors = {f"weight/{n}": _full(p) for n, p in model.named_parameters()}
         for p, st in optimizer.state.items():
@@ -55,7 +61,6 @@ def main(folder: Path, out: Path) -> None:
                 tensors[f"{key}/{names[id(p)]}"] = _full(st[key])
         steps = sorted({float(st["step"]) for st in optimizer.state.values()})
         draws = torch.rand(4).tolist()
-        out.mkdir(parents=True, exist_ok=True)
         save_file(
             {k: v.contiguous() for k, v in tensors.items()}, str(out / f"rank{world.rank}.st")
         )

@@ -13,8 +13,9 @@ from safetensors.torch import load_file
 
 from ledgerlm.config import TrainConfig
 from ledgerlm.model.gpt import GPT
-from ledgerlm.train.checkpoint import TENSORS, WEIGHTS, save_checkpoint
+from ledgerlm.train.checkpoint import STATE, TENSORS, WEIGHTS, save_checkpoint
 from ledgerlm.train.optim import build_optimizer
+from ledgerlm.workspace import file_sha256
 
 WORKER = Path(__file__).with_name("broadcast_load.py")
 sys.path.insert(0, str(WORKER.parent))
@@ -40,15 +41,19 @@ def _one_process_checkpoint(folder: Path) -> tuple[dict[str, torch.Tensor], list
     return expected, draws
 
 
-def test_only_rank_0_reads_a_one_process_checkpoint_into_sharded_ranks(tmp_path):
-    expected, draws = _one_process_checkpoint(tmp_path / "ck")
-    out = tmp_path / "out"
+def _on_two_ranks(folder: Path, out: Path) -> list[dict]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    cmd += ["--standalone", str(WORKER), str(tmp_path / "ck"), str(out)]
+    cmd += ["--standalone", str(WORKER), str(folder), str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_only_rank_0_reads_a_one_process_checkpoint_into_sharded_ranks(tmp_path):
+    expected, draws = _one_process_checkpoint(tmp_path / "ck")
+    out = tmp_path / "out"
+    ranks = _on_two_ranks(tmp_path / "ck", out)
     assert sorted(ranks[0]["read"]) == sorted([WEIGHTS, TENSORS])
     assert ranks[1]["read"] == []  # the other rank got every tensor from rank 0
     for r, meta in enumerate(ranks):
@@ -58,3 +63,15 @@ def test_only_rank_0_reads_a_one_process_checkpoint_into_sharded_ranks(tmp_path)
             assert torch.equal(got[name], ref), (r, name)
         assert meta["steps"] == [1.0]
         assert meta["draws"] == draws  # the one process's generator, on every rank
+
+
+def test_every_rank_refuses_a_weights_only_checkpoint_to_resume_from(tmp_path):
+    """A checkpoint of the oldest format (weights and their checksum only): rank 0 alone
+    would find no state tensors to read, so every rank checks first and says so."""
+    folder = tmp_path / "ck"
+    torch.manual_seed(0)
+    save_checkpoint(folder, GPT(CFG, VOCAB), {"step": 1})
+    (folder / TENSORS).unlink()
+    (folder / STATE).write_text(json.dumps({"weights_sha256": file_sha256(folder / WEIGHTS)}))
+    for meta in _on_two_ranks(folder, tmp_path / "out"):
+        assert "weights-only checkpoint, nothing to resume from" in meta["error"]

@@ -353,6 +353,8 @@ def _load_whole_into_sharded(
     set_model_state_dict(model, load_file(str(folder / WEIGHTS)) if main else {}, options=whole)
     if optimizer is None and not restore_rng:
         return
+    if not (folder / TENSORS).is_file():  # every rank says so: none waits for rank 0
+        raise ValueError(f"{folder}: weights-only checkpoint, nothing to resume from")
     tensors = load_file(str(folder / TENSORS)) if main else {}
     if optimizer is not None:
         names = {id(p): n for n, p in model.named_parameters()}

@@ -143,6 +143,14 @@ class LedgerRecorder(Recorder):
         if len(self.rows) + (self._unread_row is not None) >= self.flush_every or self._beat_due():
             self.flush(trainer, wait=len(self.rows) >= self.max_rows)
 
+    def unwritten(self, trainer: Any) -> list[dict[str, Any]]:
+        """The per-update rows the ledger has not taken, the one whose loss the trainer
+        has not read yet included (read now, as a flush reads it)."""
+        if self._unread_row is not None:
+            trainer.settle()
+            self._take_unread_row(trainer)
+        return self.rows
+
     def _take_unread_row(self, trainer: Any) -> None:
         """The held row joins the buffer once the trainer read its update's loss and
         grad norm; a non-finite update (undone by the trainer, which raises) never does."""

@@ -199,7 +199,8 @@ def checkpointed_if_locked(recorder: LedgerRecorder, trainer: Trainer) -> Iterat
         if trainer.world.sharded:
             raise
         step = trainer.state.step
-        kept = {"unwritten_steps": recorder.rows} if recorder.rows else {}
+        rows = recorder.unwritten(trainer)
+        kept = {"unwritten_steps": rows} if rows else {}
         checkpointer(trainer).write(trainer, **kept)
         raise LedgerBusyError(
             f"{exc}, past log.ledger_timeout = {recorder.ledger.patience:g} s: the run is "

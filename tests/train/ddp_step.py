@@ -51,6 +51,17 @@ def _run(args: argparse.Namespace, world: World) -> None:
     if args.skew and world.rank == 1:  # a wrong share: a test's tolerance must see it
         forward = model.forward
         model.forward = lambda *a, **kw: forward(*a, **kw) * (1 + args.skew)
+    # At each micro-batch's forward: has a sharded parameter (a block's; the root's are
+    # unsharded inside its forward) received a reduced gradient yet?
+    grads_seen: list[bool] = []
+    counted = model.forward
+
+    def forward_seeing_grads(*a, **kw):
+        sharded = [p for p in model.parameters() if hasattr(p, "full_tensor")]
+        grads_seen.append(any(p.grad is not None for p in sharded))
+        return counted(*a, **kw)
+
+    model.forward = forward_seeing_grads
     shard_model(model, world)  # FSDP2 under parallel = fsdp; else nothing
     cfg = TrainConfig(
         max_steps=1,
@@ -82,6 +93,7 @@ def _run(args: argparse.Namespace, world: World) -> None:
         "denominator": s.denominator,
         "rows": s.rows,
         "world": world.size,
+        "grads_seen": grads_seen,
         "local_targets": sum(
             b.num_targets for b in list(batches(ragged_rows(), args.rows))[world.rank :: world.size]
         ),

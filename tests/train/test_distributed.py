@@ -56,6 +56,11 @@ def test_two_ranks_make_the_one_process_update(tmp_path, policy, parallel):
     # 2 ranks x 2 micro-batches of 2 rows
     ranks = _step(tmp_path / "two", 2, 2, *extra, "--parallel", parallel)
 
+    # Gradients are reduced once, in the last micro-batch's backward: none before it
+    # (FSDP2 holds the unsharded sums, set_requires_gradient_sync; DDP accumulates
+    # locally under no_sync, so a gradient is there either way).
+    if parallel == "fsdp":
+        assert all(meta["grads_seen"] == [False, False] for meta, _ in ranks)
     # The ranks really are uneven: per-rank means averaged would weigh targets unequally.
     local = [meta["local_targets"] for meta, _ in ranks]
     assert local[0] != local[1] and sum(local) == one["targets"]

@@ -127,3 +127,35 @@ def test_a_skip_policy_reads_each_update_before_its_step(policy):
     assert trainer.reads_at_once
     trainer.fit()
     assert trainer.unread is None and trainer.state.step == STEPS
+
+
+class _Poison:
+    """Forward hook: the ``at``-th forward (1-based) scores NaN; counts the forwards."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.calls = at, 0
+
+    def __call__(self, module, inputs, output):
+        self.calls += 1
+        return output * math.nan if self.calls == self.at else output
+
+
+def test_a_non_finite_update_read_late_stops_at_the_next_update(tmp_path):
+    """Under nonfinite = "stop" update 3 is applied and read by update 4, after update 4's
+    forwards: the run stops with step 3's event, its state at step 2 and no row for 3."""
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    run_id = ledger.create_run("t", {}, target_metric="loss", target_value=1.0, eval_every=1)
+    recorder = LedgerRecorder(ledger, run_id, flush_every=EVERY, flush_seconds=math.inf)
+    trainer = _trainer(recorder)
+    poison = _Poison(at=5)  # update 3's first micro-batch (grad_accum = 2)
+    trainer.model.register_forward_hook(poison)
+    with pytest.raises(loop.NonFiniteLossError, match="step 3"):
+        trainer.fit()
+    assert poison.calls == 8  # update 4's two forwards ran before the read
+    s = trainer.state
+    assert s.step == 2 and [r.step for r in s.history] == [1, 2]
+    assert s.tokens == sum(r.tokens for r in s.history) and math.isfinite(s.loss)
+    assert [e["step"] for e in trainer.events] == [3] and trainer.events[0]["loss"] == "nan"
+    recorder.flush()  # as the lab does when a run fails
+    assert [r["step"] for r in ledger.steps(run_id)] == [1, 2]
+    ledger.close()

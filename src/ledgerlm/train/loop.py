@@ -215,6 +215,12 @@ class Trainer:
         record = self._update(read_now=True)
         return record.loss
 
+    def update(self) -> StepRecord:
+        """One update as ``fit`` makes it: its loss and grad norm are read by the next
+        update (or ``settle``), unless a skip policy needs them before the optimizer step.
+        What a benchmark of the step loop times; ``train_step`` waits for the device."""
+        return self._update(read_now=self.reads_at_once)
+
     def _update(self, read_now: bool) -> StepRecord:
         """One optimizer update over ``grad_accum`` micro-batches on every rank.
 
@@ -512,7 +518,7 @@ class Trainer:
                     cb.on_train_start(self)
             while self.state.step < self.cfg.max_steps and not self.state.should_stop:
                 before = self.state.step
-                self._update(read_now=self.reads_at_once)
+                self.update()
                 if self.state.step == before:  # skipped: nothing new to evaluate or report
                     continue
                 with self.autocast():

@@ -189,6 +189,10 @@ def test_sharding_divides_the_weights_and_ddp_adds_its_buckets():
     assert fsdp.parameters < one.parameters and fsdp.optimizer < one.optimizer
     assert ddp.parameters == one.parameters and ddp.gradients == 2 * one.gradients
     assert fsdp.activations == one.activations  # each rank runs whole micro-batches
+    # accumulating, a rank holds the whole gradients until the last micro-batch scatters
+    accum = recipe.model_copy(update={"train": recipe.train.model_copy(update={"grad_accum": 2})})
+    deferred = estimate(accum, 512, World(size=4, parallel="fsdp"))
+    assert fsdp.gradients < one.gradients < deferred.gradients
 
 
 def _group(folder: Path, limit: str, usage: int, inactive: int, v2: bool) -> None:

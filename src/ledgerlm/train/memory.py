@@ -6,7 +6,9 @@ Per process (per rank under ``torchrun``), at the step's peak:
 
 - parameters: fp32, counted on a ``meta`` model (no memory); under FSDP each rank keeps
   1/size of them, plus the root (embedding, head) and two blocks gathered at a time;
-- gradients: as the parameters; DDP adds its gradient buckets (a second copy);
+- gradients: as the parameters; DDP adds its gradient buckets (a second copy); FSDP
+  keeps each rank's shard, and under ``grad_accum > 1`` the whole gradients too until
+  the last micro-batch reduce-scatters them (the loop defers the gradient sync);
 - optimizer: AdamW keeps two fp32 states per parameter, Muon one (its momentum) for
   the block matrices, which leaves AdamW's two for the rest;
 - activations: what autograd saves in one micro-batch's forward pass
@@ -168,13 +170,16 @@ def _weights(recipe: Recipe, vocab_size: int, world: World) -> tuple[int, ...]:
         return 4 * total, 4 * total * ddp, state, total, total
     # Each rank keeps 1/size of the weights, their gradients and their state; it gathers
     # the root (embedding, head) for the step and two blocks at a time (one running, one
-    # prefetched), and holds one block's whole gradients until they are scattered.
+    # prefetched), and holds one block's whole gradients until they are scattered: all
+    # the blocks' under gradient accumulation, whose reduce-scatter waits for the last
+    # micro-batch (the loop's set_requires_gradient_sync).
     shard = math.ceil(total / world.size)
     block = sum(p.numel() for p in model.blocks[0].parameters())
     gathered = total - block * m.n_layers + min(2, m.n_layers) * block
     width = 2 if t.precision == "bf16" and world.device.type == "cuda" else 4
     parameters = 4 * shard + width * gathered
-    return parameters, 4 * shard + 4 * block, math.ceil(state / world.size), gathered, shard
+    unsharded = 4 * total if t.grad_accum > 1 else 4 * block
+    return parameters, 4 * shard + unsharded, math.ceil(state / world.size), gathered, shard
 
 
 def _step(recipe: Recipe, vocab_size: int, world: World) -> int:

@@ -18,9 +18,10 @@ from ledgerlm.config import ModelConfig, TrainConfig
 from ledgerlm.model.gpt import GPT
 from ledgerlm.tokens.packing import batches, pack_documents
 from ledgerlm.train.checkpoint import load_checkpoint, save_checkpoint
-from ledgerlm.train.distributed import RankShard, World, distributed_world, shard_model
+from ledgerlm.train.distributed import RankShard, World, distributed_world
 from ledgerlm.train.loop import Trainer
 from ledgerlm.train.optim import build_optimizer
+from ledgerlm.train.parallelize import parallelize
 
 
 def ragged_rows() -> list:
@@ -62,7 +63,6 @@ def _run(args: argparse.Namespace, world: World) -> None:
         return counted(*a, **kw)
 
     model.forward = forward_seeing_grads
-    shard_model(model, world)  # FSDP2 under parallel = fsdp; else nothing
     cfg = TrainConfig(
         max_steps=1,
         grad_accum=args.accum,
@@ -72,10 +72,11 @@ def _run(args: argparse.Namespace, world: World) -> None:
         empty_rows=args.empty_rows,
     )
     stream = RankShard(iter(batches(ragged_rows(), args.rows)), world)
+    engine = parallelize(model, world, cfg)  # FSDP2 or DDP, as the lab does
     optimizer = build_optimizer(model, cfg)
     if args.init_from:
         load_checkpoint(args.init_from, model, optimizer)
-    trainer = Trainer(model, optimizer, cfg, stream, "isolated", world=world)
+    trainer = Trainer(model, optimizer, cfg, stream, "isolated", world=world, engine=engine)
     loss = trainer.train_step()
     if args.save:
         save_checkpoint(args.save, model, {"step": 1}, optimizer, world)

@@ -27,6 +27,7 @@ from ledgerlm.tokens.packing import batches, pack_documents
 from ledgerlm.train.evaluate import EvalCallback, evaluate, weights_digest
 from ledgerlm.train.loop import Trainer
 from ledgerlm.train.optim import build_optimizer
+from ledgerlm.train.parallelize import pad_rows
 from ledgerlm.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,14 +65,15 @@ class GraphSpy:
         self._compile = torch.compile
         self._backend = lookup_backend(backend)
 
+    def _counting(self, gm, example_inputs):
+        self.graphs += 1
+        return self._backend(gm, example_inputs)
+
     def __call__(self, fn, **kwargs):
+        # one backend for every call, as torch.compile's default is: compiled code is
+        # shared only between calls with the same backend (the blocks share one graph)
         self.kwargs.append(kwargs)
-
-        def backend(gm, example_inputs):
-            self.graphs += 1
-            return self._backend(gm, example_inputs)
-
-        return self._compile(fn, **{**kwargs, "backend": backend})
+        return self._compile(fn, **{**kwargs, "backend": self._counting})
 
 
 def _spy(monkeypatch, backend: str):
@@ -200,6 +202,11 @@ def test_callbacks_and_evaluation_run_under_the_training_precision(precision, en
 # ----------------------------------------------------------------------------- compile
 
 
+def _compiled_evaluations(val) -> tuple[Trainer, EvalCallback]:
+    evaluator = EvalCallback(val, EvalConfig(every_steps=1, target_loss=0.1), "isolated", ["d"])
+    return _trainer(compile=True, callbacks=[evaluator]), evaluator
+
+
 def test_compile_option_is_wired_in_place_and_keeps_names_and_numbers(aot_spy):
     """Compiled with AOT autograd's forward and backward graphs: the losses, gradients
     and weights of eager training, bitwise. ``aot_eager`` runs the aten ops eager runs,
@@ -208,16 +215,20 @@ def test_compile_option_is_wired_in_place_and_keeps_names_and_numbers(aot_spy):
     model that computes something else. (Inductor reorders sums: the slow test below.)
     """
     eager = _trainer()
-    val = list(batches(_rows(6, seed=1), ROWS))
-    evaluator = EvalCallback(val, EvalConfig(every_steps=1, target_loss=0.1), "isolated", ["d"])
-    compiled = _trainer(compile=True, callbacks=[evaluator])
-    assert aot_spy.kwargs == [{"dynamic": False}]
+    # the validation set as the lab gives it to a compiled run: the last batch padded
+    val = pad_rows(list(batches(_rows(6, seed=1), ROWS)), ROWS)
+    compiled, evaluator = _compiled_evaluations(val)
+    # each block in place, whole-graph (a graph break would raise), static shapes
+    assert aot_spy.kwargs == [{"dynamic": False, "fullgraph": True}] * MODEL.n_layers
     assert compiled.model.state_dict().keys() == eager.model.state_dict().keys()
     assert isinstance(compiled.model, GPT)
 
     compiled.fit()
-    # train forward, eval forward, and the smaller last validation batch; no more
-    assert aot_spy.graphs == 3
+    assert len(evaluator.history) == 3
+    # one graph for every block's training forward, one for evaluation; the padded last
+    # batch and the later evaluations compile nothing more
+    assert aot_spy.graphs == 2
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
     eager.fit()
     for a, b in zip(compiled.state.history, eager.state.history, strict=True):
         assert (a.loss, a.grad_norm) == (b.loss, b.grad_norm)
@@ -226,6 +237,16 @@ def test_compile_option_is_wired_in_place_and_keeps_names_and_numbers(aot_spy):
     ):
         assert torch.equal(a.grad, b.grad), name  # the last step's gradients
     assert evaluator.history[-1]["snapshot"] == weights_digest(eager.model)
+
+
+def test_a_smaller_last_validation_batch_is_a_recompile_the_count_sees(graph_spy):
+    """Unpadded, the last batch (2 rows of 4) is one more graph: what the count above
+    rules out."""
+    val = list(batches(_rows(6, seed=1), ROWS))
+    assert val[-1].input_ids.shape[0] < ROWS
+    compiled, _ = _compiled_evaluations(val)
+    compiled.fit()
+    assert graph_spy.graphs == 3
 
 
 @pytest.mark.slow
@@ -275,8 +296,8 @@ def _run_tiny(workspace: Path) -> dict:
 
 def test_tiny_run_with_compile_and_bf16_completes(tmp_path, graph_spy):
     _run_tiny(tmp_path)
-    assert graph_spy.kwargs == [{"dynamic": False}]
-    assert graph_spy.graphs >= 2  # training and evaluation both went through the graph
+    assert graph_spy.kwargs == [{"dynamic": False, "fullgraph": True}] * 2  # tiny's blocks
+    assert graph_spy.graphs == 2  # training and evaluation both went through the graph
 
 
 @pytest.mark.slow

@@ -24,10 +24,11 @@ from ledgerlm.tokens.shards import TokenStore
 from ledgerlm.train.backends import environment, set_up, tf32_note
 from ledgerlm.train.budget import BudgetCallback
 from ledgerlm.train.checkpointing import CheckpointCallback, ResumedEval, load_training
-from ledgerlm.train.distributed import RankShard, World, shard_model
+from ledgerlm.train.distributed import RankShard, World
 from ledgerlm.train.evaluate import EvalCallback, weights_digest
 from ledgerlm.train.loop import Trainer
 from ledgerlm.train.optim import Optimizer, build_optimizer
+from ledgerlm.train.parallelize import pad_rows, parallelize
 from ledgerlm.train.progress import ProgressCallback
 from ledgerlm.train.record import Recorder
 
@@ -61,12 +62,14 @@ def placed(world: World, train: TrainConfig) -> World:
 
 @dataclass
 class Parts:
-    """What a trainer is made of: the model, its optimizer and this rank's data stream."""
+    """What a trainer is made of: the model, its optimizer, this rank's data stream, and
+    the engine the training step calls (``parallelize``'s: the model, or DDP around it)."""
 
     model: GPT
     optimizer: Optimizer
     stream: RankShard
     store: TokenStore
+    engine: torch.nn.Module
 
 
 def build_parts(
@@ -79,10 +82,8 @@ def build_parts(
     set_up(recipe.train, world)  # TF32, NCCL: before the first CUDA kernel and communicator
     t = recipe.train
     model = GPT(recipe.model, store.vocab_size, device="meta")
-    model.checkpoint_blocks = t.activation_checkpointing
-    bf16_params = t.precision == "bf16" and world.device.type == "cuda"
-    shard_model(model, world, bf16_params)  # FSDP2 shards before any memory is spent
-    model.materialize(world.device)
+    # checkpointing, compile, FSDP2 (before any memory is spent), the weights, DDP
+    engine = parallelize(model, world, t)
     optimizer = build_optimizer(model, t)
     saved = None
     if checkpoint is not None:
@@ -94,7 +95,7 @@ def build_parts(
     ranks = saved.get("ranks", world.size) if saved else world.size
     mix = segments(recipe, store, ranks)
     stream = train_batches(store, recipe.pack, t.micro_batch_rows, t.seed, cursor, mix)
-    return Parts(model, optimizer, RankShard(stream, world), store), saved
+    return Parts(model, optimizer, RankShard(stream, world), store, engine), saved
 
 
 def same_global_batch(recipe: Recipe, saved_ranks: int, world: World) -> Recipe:
@@ -116,8 +117,12 @@ def same_global_batch(recipe: Recipe, saved_ranks: int, world: World) -> Recipe:
 
 
 def val_batches(store: TokenStore, recipe: Recipe) -> list[Batch]:
-    """The fixed validation set of a recipe, in batches of ``micro_batch_rows``."""
-    return validation_batches(store, recipe.pack, recipe.eval, recipe.train.micro_batch_rows)
+    """The fixed validation set of a recipe, in batches of ``micro_batch_rows``; under
+    ``train.compile`` the last one padded to them, so evaluation keeps the compiled
+    shape (``pad_rows``: the padding scores nothing)."""
+    rows = recipe.train.micro_batch_rows
+    val = validation_batches(store, recipe.pack, recipe.eval, rows)
+    return pad_rows(val, rows) if recipe.train.compile else val
 
 
 def build_evaluator(
@@ -195,6 +200,7 @@ def build_trainer(
         callbacks=callbacks,
         recorder=recorder,
         world=world,
+        engine=parts.engine,
     )
     if resumed is not None:
         trainer.load_state_dict(resumed)

@@ -10,7 +10,8 @@ divided by the *global* count of supervised targets, so
   its share of the global objective. PyTorch's own engine does the summing, its
   communication overlapping the backward pass: FSDP2 (``fully_shard`` per block,
   gradient divide factor 1; ``train.parallel = "fsdp"``, the default) or
-  ``DistributedDataParallel`` with a summing communication hook (``"ddp"``).
+  ``DistributedDataParallel`` with a summing communication hook (``"ddp"``), both
+  applied by the one parallelize step (``train/parallelize.py``).
 
 An uneven number of targets across ranks therefore weighs every target equally,
 which averaging per-rank means (what a plain DDP wrapper over a per-rank mean
@@ -144,56 +145,6 @@ class World:
             self.barrier()
             if self.timeout is not None:
                 _set_timeout(self.timeout, self.mesh)
-
-
-# No annotations: DDP refuses a hook whose annotations are not its own classes, and this
-# module's annotations are strings (``from __future__ import annotations``).
-def _sum_gradients(group, bucket):
-    """DDP communication hook: all-reduce a gradient bucket with SUM (DDP's own hook
-    divides by the world size, which would turn the global objective into a mean)."""
-    work = dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.SUM, group=group, async_op=True)
-    return work.get_future().then(lambda fut: fut.value()[0])
-
-
-def shard_model(model: torch.nn.Module, world: World, bf16_params: bool = False) -> None:
-    """Shard ``model`` over the ranks in place with FSDP2 (``fully_shard``): each
-    transformer block (``model.blocks``) is one unit, the rest (embedding, final norm,
-    head) the root's. Build the optimizer afterwards: sharding replaces the parameters.
-
-    Gradients are reduce-scattered with SUM (a divide factor of 1: the loss already
-    carries the global denominator). ``bf16_params`` (CUDA, ``train.precision =
-    "bf16"``) gathers parameters in bf16 and reduces gradients in fp32. On a model
-    still on the ``meta`` device this spends no memory; ``GPT.materialize`` then
-    gives each rank its shards. Does nothing unless the world is sharded.
-    """
-    if not world.sharded:
-        return
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-
-    policy = MixedPrecisionPolicy()
-    if bf16_params:
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for block in getattr(model, "blocks", []):
-        fully_shard(block, mesh=world.mesh, mp_policy=policy)
-    fully_shard(model, mesh=world.mesh, mp_policy=policy)
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.set_gradient_divide_factor(1.0)
-            module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
-
-
-def data_parallel(model: torch.nn.Module, world: World) -> torch.nn.Module:
-    """The module the training step calls: ``model`` itself in one process or when it
-    is sharded (FSDP's own hooks gather and reduce), else DDP around it, set to sum
-    gradients over ranks."""
-    if world.parallel in ("none", "fsdp"):
-        return model
-    from torch.nn.parallel import DistributedDataParallel
-
-    ids = [world.device.index] if world.device.type == "cuda" else None
-    engine = DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
-    engine.register_comm_hook(None, _sum_gradients)
-    return engine
 
 
 def init_world() -> World:

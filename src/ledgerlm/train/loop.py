@@ -21,9 +21,10 @@ from torch.profiler import record_function
 from ledgerlm.config import TrainConfig
 from ledgerlm.ledger import events
 from ledgerlm.tokens.packing import Batch
-from ledgerlm.train.distributed import World, data_parallel
+from ledgerlm.train.distributed import World
 from ledgerlm.train.loss import NoTargetsError, objective_denominator, objective_weights
 from ledgerlm.train.optim import Optimizer, lr_factor, schedule_position
+from ledgerlm.train.parallelize import parallelize
 from ledgerlm.train.record import Recorder
 from ledgerlm.train.spikes import SpikeDetector
 
@@ -162,6 +163,7 @@ class Trainer:
         recorder: Recorder | None = None,
         max_consecutive_skips: int = 100,
         world: World | None = None,
+        engine: torch.nn.Module | None = None,
     ) -> None:
         self.model, self.optimizer, self.cfg = model, optimizer, cfg
         self.world = world or World()
@@ -176,24 +178,23 @@ class Trainer:
         self._failed: _Unread | None = None  # read non-finite, raised at the next check
         self._host: torch.Tensor | None = None  # (loss, grad norm), pinned on CUDA
         self.spikes = SpikeDetector(cfg.spike_factor, cfg.spike_warmup)
-        if cfg.compile:
-            # In place (nn.Module.compile), not a wrapper: the module keeps its parameter
-            # names, so optimizer groups, state_dict, checkpoints and weight hashes are the
-            # eager model's. Shapes are static (micro_batch_rows x seq_len); a smaller last
-            # validation batch costs one extra compile instead of dynamic-shape kernels.
-            # A sharded model is compiled block by block: FSDP's gathers stay between them.
-            if self.world.sharded:
-                for block in getattr(self.model, "blocks", []):
-                    block.compile(dynamic=False)
-            else:
-                self.model.compile(dynamic=False)
         if self.world.distributed and self.world.parallel == "none":
             raise ValueError(
                 f"{self.world.size} ranks need a data-parallel engine: World.placed(...)"
             )
-        # What the step calls: the model, or the world's data-parallel engine around it
-        # (which sums gradients over ranks while the backward pass runs).
-        self.engine = data_parallel(self.model, self.world)
+        # What the step calls: the model as the one parallelize step left it (compiled
+        # block by block, sharded, or inside DDP, which sums gradients over ranks while
+        # the backward pass runs). The lab passes it; a caller who passes none has it
+        # parallelized here, which a sharded model cannot be: FSDP replaces the
+        # parameters, so it shards before the optimizer is built.
+        if engine is None:
+            if self.world.sharded:
+                raise ValueError(
+                    "a sharded model is parallelized before its optimizer is built: "
+                    "pass the engine train.parallelize.parallelize returned"
+                )
+            engine = parallelize(self.model, self.world, cfg)
+        self.engine = engine
         for group in self.optimizer.param_groups:  # a plain optimizer's lr is its peak
             group.setdefault("base_lr", group["lr"])
 

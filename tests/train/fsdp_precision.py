@@ -67,7 +67,9 @@ def main() -> None:
         docs = [(rng.integers(3, 40, size=rng.integers(2, 20)), 0) for _ in range(30)]
         stream = RankShard(iter(batches(list(pack_documents(docs, 17, 1, 2, 0)), 2)), world)
         optimizer = build_optimizer(model, cfg)
-        trainer = Trainer(model, optimizer, cfg, stream, "isolated", world=world, engine=engine)
+        assert engine is model  # FSDP's hooks are the model's own
+        # no engine passed: the trainer calls a model sharded by its caller as it is
+        trainer = Trainer(model, optimizer, cfg, stream, "isolated", world=world)
         loss = trainer.train_step()
         from torch.distributed.fsdp import FSDPModule
 

@@ -8,6 +8,7 @@ parameter dtype, which rounded sequence-mean weights 1/n by up to 2**-9."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -22,6 +23,8 @@ from ledgerlm.model.gpt import GPT
 from ledgerlm.tokens.packing import batches, pack_documents
 from ledgerlm.train.distributed import World
 from ledgerlm.train.evaluate import evaluate
+from ledgerlm.train.loop import Trainer
+from ledgerlm.train.optim import build_optimizer
 from ledgerlm.train.parallelize import mixed_precision, pad_rows, parallelize
 
 WORKER = Path(__file__).with_name("fsdp_precision.py")
@@ -98,6 +101,17 @@ def test_one_process_checkpoints_and_compiles_each_block_whole_graph(monkeypatch
     assert calls == [{"dynamic": False, "fullgraph": True}] * MODEL.n_layers
     assert [b._compiled_call_impl is not None for b in model.blocks] == [True] * 3
     assert model._compiled_call_impl is None
+
+
+def test_a_trainer_refuses_to_shard_a_model_whose_optimizer_exists():
+    """FSDP replaces the parameters: a model to shard must be sharded before its
+    optimizer is built, so a trainer given an unsharded model in a sharded world and no
+    engine refuses instead of training parameters the optimizer does not hold."""
+    model = GPT(MODEL, 50)
+    cfg = TrainConfig()
+    world = dataclasses.replace(World(), parallel="fsdp")
+    with pytest.raises(ValueError, match="before its optimizer is built"):
+        Trainer(model, build_optimizer(model, cfg), cfg, iter([]), "isolated", world=world)
 
 
 def test_a_model_on_meta_is_given_its_weights_after_the_step():

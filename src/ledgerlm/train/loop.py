@@ -20,6 +20,7 @@ from torch.profiler import record_function
 
 from ledgerlm.config import TrainConfig
 from ledgerlm.ledger import events
+from ledgerlm.model.dtensor import is_sharded
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.train.distributed import World
 from ledgerlm.train.loss import NoTargetsError, objective_denominator, objective_weights
@@ -185,16 +186,17 @@ class Trainer:
         # What the step calls: the model as the one parallelize step left it (compiled
         # block by block, sharded, or inside DDP, which sums gradients over ranks while
         # the backward pass runs). The lab passes it; a caller who passes none has it
-        # parallelized here, which a sharded model cannot be: FSDP replaces the
-        # parameters, so it shards before the optimizer is built.
-        if engine is None:
-            if self.world.sharded:
+        # parallelized here, unless its model is sharded already (then it is called as
+        # it is). A model to shard cannot be: FSDP replaces the parameters, so it shards
+        # before the optimizer is built.
+        if engine is None and self.world.sharded:
+            if not is_sharded(next(self.model.parameters())):
                 raise ValueError(
                     "a sharded model is parallelized before its optimizer is built: "
                     "pass the engine train.parallelize.parallelize returned"
                 )
-            engine = parallelize(self.model, self.world, cfg)
-        self.engine = engine
+            engine = self.model
+        self.engine = engine if engine is not None else parallelize(self.model, self.world, cfg)
         for group in self.optimizer.param_groups:  # a plain optimizer's lr is its peak
             group.setdefault("base_lr", group["lr"])
 

@@ -279,6 +279,7 @@ def _run_tiny(workspace: Path) -> dict:
             "train.max_steps=20",
             "eval.every_steps=10",
             "eval.target_loss=0.5",
+            "data.test_fraction=0.1",  # scored once at the end, through the graph too
         ],
     )
     result = run_recipe(recipe, Workspace(workspace))
@@ -286,6 +287,7 @@ def _run_tiny(workspace: Path) -> dict:
     assert summary["run"]["status"] == "not reached"
     assert summary["counters"]["optimizer_updates"] == 20
     assert [e["step"] for e in summary["evaluations"]] == [10, 20]
+    assert "test_evaluation" in [e["kind"] for e in summary["events"]]
     weights = load_file(
         str(workspace / "runs" / result.run_id / "checkpoint" / "model.safetensors")
     )

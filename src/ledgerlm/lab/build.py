@@ -18,7 +18,7 @@ from ledgerlm.config import Recipe, TrainConfig
 from ledgerlm.lab.mixture import segments
 from ledgerlm.ledger import events
 from ledgerlm.model.gpt import GPT
-from ledgerlm.tokens.loader import train_batches, validation_batches
+from ledgerlm.tokens.loader import test_batches, train_batches, validation_batches
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.shards import TokenStore
 from ledgerlm.train.backends import environment, set_up, tf32_note
@@ -123,6 +123,13 @@ def val_batches(store: TokenStore, recipe: Recipe) -> list[Batch]:
     rows = recipe.train.micro_batch_rows
     val = validation_batches(store, recipe.pack, recipe.eval, rows)
     return pad_rows(val, rows) if recipe.train.compile else val
+
+
+def test_set(store: TokenStore, recipe: Recipe) -> list[Batch]:
+    """The once-only test split of a recipe, batched and padded as ``val_batches``."""
+    rows = recipe.train.micro_batch_rows
+    test = test_batches(store, recipe.pack, recipe.eval, rows)
+    return pad_rows(test, rows) if recipe.train.compile else test
 
 
 def build_evaluator(

@@ -35,6 +35,7 @@ from ledgerlm.lab.build import (
     build_trainer,
     placed,
     same_global_batch,
+    test_set,
     val_batches,
 )
 from ledgerlm.lab.continued import BeforeAfter, InitSource, find_version, init_source
@@ -57,7 +58,6 @@ from ledgerlm.ledger import events
 from ledgerlm.ledger.store import Ledger
 from ledgerlm.mixture.plan import MixturePlan
 from ledgerlm.progress import Progress
-from ledgerlm.tokens.loader import test_batches
 from ledgerlm.tokens.shards import TokenStore
 from ledgerlm.tokens.tokenizer import tokenizer_file
 from ledgerlm.train.checkpoint import load_checkpoint
@@ -271,7 +271,7 @@ def follow(workspace: Workspace, world: World) -> RunResult:
     )
     trainer.fit()
     if world.sharded:
-        test = test_batches(store, recipe.pack, recipe.eval, recipe.train.micro_batch_rows)
+        test = test_set(store, recipe)
         close_training(trainer, evaluator, test)
     if shift is not None:
         shift.score(Recorder(), "after", parts.model, None, store.domains, world)

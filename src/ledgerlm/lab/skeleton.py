@@ -21,14 +21,13 @@ from typing import Any
 from ledgerlm.config import Recipe
 from ledgerlm.data.contamination import contamination_warnings
 from ledgerlm.data.pipeline import prepare_data
-from ledgerlm.lab.build import Parts, build_trainer, val_batches
+from ledgerlm.lab.build import Parts, build_trainer, test_set, val_batches
 from ledgerlm.lab.continued import InitSource
 from ledgerlm.lab.recorder import LedgerRecorder
 from ledgerlm.lab.signals import received, signal_name, undisturbed
 from ledgerlm.ledger import events
 from ledgerlm.ledger.store import LedgerBusyError, LedgerError
 from ledgerlm.progress import NullProgress, Progress
-from ledgerlm.tokens.loader import test_batches
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.shards import TokenStore, build_tokens
 from ledgerlm.train.checkpointing import checkpointer
@@ -141,7 +140,7 @@ def eval_sets(recorder: LedgerRecorder, store: TokenStore, recipe: Recipe) -> Ev
     """Build the validation and test batches as an ``eval`` phase."""
     recorder.start("eval", what="build validation set")
     val = val_batches(store, recipe)
-    test = test_batches(store, recipe.pack, recipe.eval, recipe.train.micro_batch_rows)
+    test = test_set(store, recipe)
     return EvalSets(val, unigram_entropy(val), test)
 
 

@@ -12,12 +12,14 @@ the training step calls, applied once and in this order:
 
 Build the optimizer afterwards: sharding replaces the parameters. The lab calls
 ``parallelize`` once (``lab/build.py``) and hands its engine to the ``Trainer``; a
-``Trainer`` given none (a library caller, one process or DDP) calls it itself.
+``Trainer`` given none (a library caller, one process or DDP) calls it itself, and
+calls a model its caller sharded already as it is.
 
-Compiled shapes are static (``micro_batch_rows`` x ``seq_len``): evaluation pads its
-last, smaller batch to the full rows (``pad_rows``), so scoring compiles once and never
-again. Past torch's recompile limit a compiled function runs eagerly without a word,
-which is why no shape may vary.
+Compiled shapes are static (``micro_batch_rows`` x ``seq_len``): the lab pads a
+compiled run's last, smaller validation batch to the full rows (``pad_rows``), so
+evaluation compiles its (gradient-free) graph once and never again. Past torch's
+recompile limit a compiled function runs eagerly without a word, which is why no shape
+may vary.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from ledgerlm.train.distributed import World
 
 
 def mixed_precision(bf16_params: bool) -> Any:
-    """FSDP2's policy: parameters gathered in bf16 (``bf16_params``) or as stored, and
-    gradients reduced in fp32. Forward inputs are never cast (``cast_forward_inputs``
+    """FSDP2's policy: parameters gathered in bf16 and gradients reduced in fp32
+    (``bf16_params``), or both as stored. Forward inputs are never cast (``cast_forward_inputs``
     off): the loss's fp64 weights (sequence-mean 1/n would be rounded by up to 2**-9 in
     bf16) and the fp32 RoPE tables reach the model as they are; the layers compute in
     their parameters' dtype anyway, the rotation rounds to its input's."""

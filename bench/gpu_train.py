@@ -3,8 +3,9 @@
 Trains a GPT-2-small-shaped decoder (d_model 768, 12 layers, 12 heads, seq_len 1024,
 vocab 50,304) as ``ledgerlm run`` trains one on a GPU: deterministic kernels, the seed
 and threads of ``lab.build.determinism``, the model built on the meta device and
-materialised, the recipe's activation checkpointing, the library's ``Trainer`` with
-bf16 autocast and ``torch.compile``, on packed rows of random documents (isolated
+materialised by ``train.parallelize`` with the recipe's activation checkpointing and
+per-block ``torch.compile``, the library's ``Trainer`` with bf16 autocast, each update
+made as ``fit`` makes it (``Trainer.update``), on packed rows of random documents (isolated
 attention: flex_attention with a document block mask on CUDA). Each timed step ends
 with ``torch.cuda.synchronize()``, so a step's time is the device's, not the host's.
 
@@ -46,6 +47,7 @@ from ledgerlm.tokens.packing import Batch, batches, pack_documents
 from ledgerlm.train.distributed import World
 from ledgerlm.train.loop import Trainer
 from ledgerlm.train.optim import build_optimizer
+from ledgerlm.train.parallelize import parallelize
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from NVIDIA's data sheets.
 # The longest name contained in torch.cuda.get_device_name() wins (``peak_tflops``).
@@ -129,24 +131,26 @@ def measure(args: argparse.Namespace) -> dict:
     world = World().placed(args.device, "none")
     cfg = ModelConfig(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads)
     model = GPT(cfg, args.vocab, device="meta")
-    model.checkpoint_blocks = train.activation_checkpointing
-    model.materialize(world.device)
+    engine = parallelize(model, world, train)  # checkpointing, compile, materialised
     data = itertools.cycle(packed(args.rows, args.seq_len, args.vocab, 4))
-    trainer = Trainer(model, build_optimizer(model, train), train, data, "isolated", world=world)
+    optimizer = build_optimizer(model, train)
+    trainer = Trainer(model, optimizer, train, data, "isolated", world=world, engine=engine)
     cuda = world.device.type == "cuda"
 
     def step() -> float:
         start = time.perf_counter()
-        loss = trainer.train_step()
+        trainer.update()  # as fit runs it: the loss is read by the next update
         if cuda:
             torch.cuda.synchronize(world.device)  # the device has finished the step
-        assert loss == loss, "the loss is NaN"
         return time.perf_counter() - start
 
     warm = sum(step() for _ in range(args.warmup))
     if cuda:
         torch.cuda.reset_peak_memory_stats(world.device)
     times = [step() for _ in range(args.steps)]
+    trainer.settle()
+    losses = [r.loss for r in trainer.state.history]
+    assert all(x == x for x in losses), "a loss is NaN"
     n, per_token = flops_per_token(model, args.seq_len)
     _, per_token_causal = flops_per_token(model, args.seq_len, causal=True)
     tokens_per_s = args.rows * args.seq_len / statistics.median(times)

@@ -692,6 +692,14 @@ class TrainConfig(_Section):
         "later; false keeps fp32 exact. The CPU has no TF32: there it changes nothing "
         "(the run says so).",
     )
+    deterministic: bool = Field(
+        True,
+        description="Deterministic kernels, so a resumed run repeats the uninterrupted "
+        "one bit for bit: torch.use_deterministic_algorithms, cuBLAS's fixed workspace, "
+        "and on several GPUs NCCL's ring with NVLS and CollNet off. false lets torch "
+        "and NCCL choose faster kernels that may reduce in another order each run (a "
+        "resume then agrees to rounding, not bitwise).",
+    )
     activation_checkpointing: bool = Field(
         False,
         description="Keep only each block's input in the forward pass and recompute the "

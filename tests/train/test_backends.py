@@ -91,6 +91,11 @@ def test_set_up_pins_nccl_in_the_process_environment(no_nccl, tf32_flags):
     assert not torch.backends.cuda.matmul.allow_tf32  # and TF32 as the recipe says: off
 
 
+def test_a_run_that_is_not_deterministic_leaves_nccl_free(no_nccl, tf32_flags):
+    set_up(TrainConfig(deterministic=False), GPUS)
+    assert not any(k in os.environ for k in NCCL_PINNED)
+
+
 def test_set_up_without_the_pin_is_caught(no_nccl, tf32_flags):
     """Mutation check: a set-up that forgets NCCL leaves the environment as it was."""
     no_nccl.setattr(backends, "pin_nccl", lambda world, environ=None: {})

@@ -78,6 +78,7 @@ class GraphSpy:
 
 def _spy(monkeypatch, backend: str):
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # reset() keeps the counts of earlier tests
     spy = GraphSpy(backend)
     monkeypatch.setattr(torch, "compile", spy)
     yield spy

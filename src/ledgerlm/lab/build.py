@@ -34,19 +34,25 @@ from ledgerlm.train.record import Recorder
 
 
 def determinism(train: TrainConfig) -> None:
-    """Seed, thread count and deterministic kernels: fixed per recipe and machine, so a
-    resumed run repeats the uninterrupted run's float operations in the same order.
-    Without ``train.threads`` the cores are shared by the processes on this node.
+    """Seed, thread count and (``train.deterministic``, the default) deterministic
+    kernels: fixed per recipe and machine, so a resumed run repeats the uninterrupted
+    run's float operations in the same order. Without ``train.threads`` the cores are
+    shared by the processes on this node.
 
     On CUDA, cuBLAS is deterministic only with a fixed workspace: without
     ``CUBLAS_WORKSPACE_CONFIG`` torch refuses the first matmul under deterministic
     algorithms. It is set here (a value the user exported is kept), before any cuBLAS
-    handle exists."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    handle exists. Torch's NaN-filling of every new allocation under deterministic
+    algorithms is turned off: it only makes a read of memory nothing wrote visible,
+    the library reads none (the bitwise resume tests would see one), and on a GPU it
+    costs a write of every activation."""
     torch.manual_seed(train.seed)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     torch.set_num_threads(train.threads or max(1, (os.cpu_count() or 1) // local))
-    torch.use_deterministic_algorithms(True)
+    if train.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(train.deterministic)
+    torch.utils.deterministic.fill_uninitialized_memory = False
 
 
 def placed(world: World, train: TrainConfig) -> World:

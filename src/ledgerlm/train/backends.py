@@ -4,19 +4,19 @@
   tensor cores when the recipe asks, and exactly in fp32 when it does not (the flags
   are set either way, so a run does not inherit them from whatever ran before in the
   process). The CPU has no TF32: the key changes nothing there, and the run says so.
-- NCCL: training is deterministic (``lab.build.determinism``), and on several GPUs
-  that needs each collective to reduce in the same order on every run, so that a
-  resumed run repeats the uninterrupted one bit for bit. NCCL's tuner picks the
-  algorithm per message size and topology, and NVLink SHARP (NVLS) and CollNet reduce
-  inside the switches, in an order of their own; ``NCCL_PINNED`` fixes the ring and
-  turns both off, before the first NCCL communicator exists (NCCL reads its
-  environment then). A value the user exported is kept. torchtitan's batch-invariance
-  switch pins the same three, and more (one channel, one thread) that only
-  invariance across batch shapes needs.
+- NCCL: a deterministic run (``train.deterministic``, the default;
+  ``lab.build.determinism``) on several GPUs needs each collective to reduce in the
+  same order on every run, so that a resumed run repeats the uninterrupted one bit for
+  bit. NCCL's tuner picks the algorithm per message size and topology, and NVLink
+  SHARP (NVLS) and CollNet reduce inside the switches, in an order of their own;
+  ``NCCL_PINNED`` fixes the ring and turns both off, before the first NCCL
+  communicator exists (NCCL reads its environment then). A value the user exported is
+  kept. torchtitan's batch-invariance switch pins the same three, and more (one
+  channel, one thread) that only invariance across batch shapes needs.
 
 ``environment`` is what the run records of them (a ``environment`` event at every
-start and resume): the device, the torch, CUDA and NCCL versions, whether TF32 is in
-force, and every ``NCCL_*`` variable of this process.
+start and resume): the device, the torch, CUDA and NCCL versions, whether TF32 and
+deterministic kernels are in force, and every ``NCCL_*`` variable of this process.
 """
 
 from __future__ import annotations
@@ -67,8 +67,10 @@ def set_tf32(train: TrainConfig, device: torch.device) -> bool:
 
 
 def set_up(train: TrainConfig, world: World) -> None:
-    """The settings above, once per process before the model is built."""
-    pin_nccl(world)
+    """The settings above, once per process before the model is built (NCCL pinned
+    only for a deterministic run, ``train.deterministic``)."""
+    if train.deterministic:
+        pin_nccl(world)
     set_tf32(train, world.device)
 
 
@@ -80,13 +82,15 @@ def tf32_note(train: TrainConfig, world: World) -> str | None:
 
 
 def environment(world: World) -> dict[str, Any]:
-    """What the run records of its process: device, versions, TF32 in force, NCCL."""
+    """What the run records of its process: device, versions, TF32 and deterministic
+    kernels in force, NCCL."""
     cuda = world.device.type == "cuda"
     record: dict[str, Any] = {
         "device": str(world.device),
         "ranks": world.size,
         "torch": torch.__version__,
         "tf32": cuda and bool(torch.backends.cuda.matmul.allow_tf32),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
         "nccl": nccl_settings(),
     }
     if cuda:

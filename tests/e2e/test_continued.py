@@ -3,6 +3,8 @@ run's weights and tokenizer and reports every domain before and after."""
 
 import json
 
+import pytest
+
 from .conftest import TINY, ledgerlm
 
 MATH_ONLY = (
@@ -16,6 +18,7 @@ def _show(ws, run="latest"):
     return json.loads(ledgerlm("ledger", "show", run, "--json", "-w", str(ws)).stdout)
 
 
+@pytest.mark.slow
 def test_continued_pretraining_reports_gain_and_forgetting(tmp_path):
     ws = str(tmp_path / "ws")
     short = ["--set", "train.max_steps=20", "--set", "eval.stop_at_target=false"]

@@ -30,6 +30,7 @@ def _weights(ws: Path) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.slow
 def test_a_sharded_run_keeps_the_ledger_of_one_process(tmp_path):
     ws = tmp_path / "ws"
     over = sets("train.max_steps=20", "train.parallel=fsdp")
@@ -50,6 +51,7 @@ def test_a_sharded_run_keeps_the_ledger_of_one_process(tmp_path):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_a_killed_sharded_run_resumes_on_two_ranks_bitwise_and_on_one_to_1e5(tmp_path):
     over = sets("train.max_steps=40", "train.parallel=fsdp", "train.checkpoint_every=5")
     over += sets("eval.stop_at_target=false", "eval.every_steps=10")
@@ -82,6 +84,7 @@ def _continued_rows(summary: dict) -> dict:
     return {(r["set"], r["domain"]): r for r in json.loads(event["message"])["rows"]}
 
 
+@pytest.mark.slow
 def test_continued_pretraining_on_two_sharded_ranks_scores_as_one_process(tmp_path):
     """``--init-from`` under torchrun: every rank starts from the run's weights, and the
     before/after scores and the evaluations are those of one process."""
@@ -109,6 +112,7 @@ def test_continued_pretraining_on_two_sharded_ranks_scores_as_one_process(tmp_pa
         assert x["metrics"]["loss"] == pytest.approx(y["metrics"]["loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_asynchronous_evaluation_on_two_ranks_gives_the_one_process_evaluations(tmp_path):
     """Under torchrun an asynchronous evaluation is scored in pieces at the next update
     boundaries (a thread cannot join collectives): the same snapshots and figures as the

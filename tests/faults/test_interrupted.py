@@ -65,6 +65,7 @@ def uninterrupted(tmp_path_factory) -> tuple[Path, str, dict[str, torch.Tensor]]
     return ws, run_dir.name, _weights(ws)
 
 
+@pytest.mark.slow
 def test_killed_before_any_checkpoint_is_interrupted_and_restarts(uninterrupted, tmp_path):
     full_ws, full_run, expected = uninterrupted
     ws = tmp_path / "ws"

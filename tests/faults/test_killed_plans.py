@@ -85,6 +85,7 @@ def _restores(summary: dict) -> list[dict]:
     return [p["detail"] for p in summary["phases"] if p["kind"] == "restore"]
 
 
+@pytest.mark.slow
 def test_a_killed_sweep_continues_where_it_stopped(tmp_path):
     ws = tmp_path / "ws"
     args = _cli("scale", "run", str(TINY), *SWEEP, *SETS, "-w", str(ws))
@@ -124,6 +125,7 @@ def test_a_killed_sweep_continues_where_it_stopped(tmp_path):
     assert s["counters"]["optimizer_updates"] == 12 and s["steps_recorded"]["updates"] == 12
 
 
+@pytest.mark.slow
 def test_a_killed_search_continues_with_the_same_id(tmp_path):
     ws = tmp_path / "ws"
     args = _cli("mix", "search", str(TINY), "--trials", "3", *PROXY, "-w", str(ws))

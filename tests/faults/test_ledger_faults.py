@@ -136,6 +136,7 @@ def _lock(
     return proc, float(at)
 
 
+@pytest.mark.slow
 def test_training_goes_on_while_another_process_holds_the_ledger(prepared, tmp_path):
     ws = _copy(prepared, tmp_path / "ws")
     # as many updates as fit in a minute (no evaluation before the last): on any machine

@@ -95,6 +95,7 @@ def _one_line(stderr: str) -> str:
     return lines[0].removeprefix("error: ")
 
 
+@pytest.mark.slow
 def test_a_killed_rank_ends_the_other_in_one_line(tmp_path):
     took, stderr = _lose_rank_1(tmp_path, signal.SIGKILL, timeout=10)
     line = _one_line(stderr)

@@ -177,6 +177,7 @@ def test_data_prepare_killed_in_each_pass_leaves_nothing_and_resumes(recipe, tmp
     assert _building(ws) == []
 
 
+@pytest.mark.slow
 def test_run_killed_in_data_tokens_and_training_leaves_nothing(recipe, tmp_path):
     ws = tmp_path / "ws"
     run = ["run", str(recipe)]

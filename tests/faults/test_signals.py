@@ -39,6 +39,7 @@ def _writing_second_checkpoint(ws: Path) -> bool:
     )
 
 
+@pytest.mark.slow
 def test_sigterm_during_a_checkpoint_write_ends_the_run_as_ctrl_c_does(tmp_path):
     ws = tmp_path / "ws"
     sets = [f"train.max_steps={STEPS}", "train.checkpoint_every=2", "train.threads=1"]

@@ -46,7 +46,12 @@ def _step(out: Path, nproc: int, accum: int, *args: str) -> list[tuple[dict, dic
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 @pytest.mark.parametrize(
-    "policy", [("token_mean", "exclude"), ("sequence_mean", "exclude"), ("sequence_mean", "zero")]
+    "policy",
+    [
+        ("token_mean", "exclude"),
+        pytest.param(("sequence_mean", "exclude"), marks=pytest.mark.slow),
+        pytest.param(("sequence_mean", "zero"), marks=pytest.mark.slow),
+    ],
 )
 def test_two_ranks_make_the_one_process_update(tmp_path, policy, parallel):
     """DDP and FSDP2 both sum gradients over ranks (a mean over ranks would halve them)."""
@@ -77,6 +82,7 @@ def test_two_ranks_make_the_one_process_update(tmp_path, policy, parallel):
         assert torch.equal(t, ranks[1][1][name]), name
 
 
+@pytest.mark.slow
 def test_a_one_process_checkpoint_loads_into_two_sharded_ranks(tmp_path):
     """Weights and optimizer state saved by one process (safetensors) and loaded into an
     FSDP2 model on two ranks: the next update is the one process's next update."""
@@ -92,6 +98,7 @@ def test_a_one_process_checkpoint_loads_into_two_sharded_ranks(tmp_path):
             torch.testing.assert_close(tensors[name], ref, **FP64_REORDERED)
 
 
+@pytest.mark.slow
 def test_a_rank_share_off_by_a_billionth_is_caught(tmp_path):
     """The tolerances above have teeth: rank 1's numerators scaled by 1 + 1e-9 (its share
     of the loss and of every gradient) fail them, and passed the 1e-6 they replace."""

@@ -103,6 +103,7 @@ def test_an_unknown_domain_is_one_line_before_training(ws):
     )
 
 
+@pytest.mark.slow
 def test_search_then_a_run_charged_for_it(ws):
     proc = ledgerlm("mix", "search", str(TINY), "-w", str(ws), "--trials", "3", *PROXY, "--json")
     record = json.loads(proc.stdout)

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cli_runner import ROOT
 
 EXE = Path(sys.executable).with_name("ledgerlm")
@@ -24,6 +26,7 @@ def _in(folder: Path, *args: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_a_plain_text_file_from_prepare_to_report(tmp_path):
     made = _in(tmp_path, sys.executable, str(ROOT / "examples" / "python_docs_text.py"),
                "python-docs.txt")  # fmt: skip

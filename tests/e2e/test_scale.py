@@ -21,6 +21,7 @@ TOKENS = "2e4,4e4"  # 20 and 40 steps of 1,024 tokens
 TRUE = LawParams(E=1.8, A=300.0, B=900.0, alpha=0.32, beta=0.30)
 
 
+@pytest.mark.slow
 def test_a_sweep_runs_every_point_on_one_data_version_and_fits(tmp_path):
     ws = str(tmp_path)
     plan = [p.to_dict() for p in sweep_plan(load_recipe(TINY), [5e4, 9e4, 1.3e5], [2e4, 4e4])]

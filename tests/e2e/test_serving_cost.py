@@ -151,6 +151,7 @@ def test_recommend_charges_the_measured_serving_cost(tmp_path, law_csv):
     assert not_ours.returncode == 2 and "not JSON" in not_ours.stderr
 
 
+@pytest.mark.slow
 def test_serving_cost_of_a_run(tmp_path):
     ws = tmp_path / "ws"
     ledgerlm("run", str(TINY), "-w", str(ws), "--set", "train.max_steps=4",

@@ -173,8 +173,9 @@ def test_training_goes_on_while_another_process_holds_the_ledger(prepared, tmp_p
 
 @pytest.mark.parametrize(
     "after",
-    [0.0, pytest.param(6.0, marks=pytest.mark.slow, id="still-held-after-the-checkpoint")],
+    [0.0, pytest.param(6.0, id="still-held-after-the-checkpoint")],
 )
+@pytest.mark.slow
 def test_a_ledger_held_past_its_timeout_fails_the_run_after_a_checkpoint(prepared, tmp_path, after):
     ws = _copy(prepared, tmp_path / "ws")
     steps, every = 10, 5

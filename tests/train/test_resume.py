@@ -164,6 +164,7 @@ def _run_args(ws: Path) -> list[str]:
     return _cli("run", str(TINY), "-w", str(ws), *sets)
 
 
+@pytest.mark.slow
 def test_kill_9_and_resume_gives_the_uninterrupted_weights(tmp_path):
     full_ws, ws = tmp_path / "full", tmp_path / "killed"
     subprocess.run(_run_args(full_ws), check=True, capture_output=True, timeout=600)

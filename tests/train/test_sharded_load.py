@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -65,6 +66,7 @@ def test_only_rank_0_reads_a_one_process_checkpoint_into_sharded_ranks(tmp_path)
         assert meta["draws"] == draws  # the one process's generator, on every rank
 
 
+@pytest.mark.slow
 def test_every_rank_refuses_a_weights_only_checkpoint_to_resume_from(tmp_path):
     """A checkpoint of the oldest format (weights and their checksum only): rank 0 alone
     would find no state tensors to read, so every rank checks first and says so."""

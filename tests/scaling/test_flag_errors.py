@@ -18,18 +18,6 @@ from ledgerlm.scaling.holdout import holdout_mask
 SHAPE = "d_model=32,n_layers=1,vocab=64"
 
 
-@pytest.fixture(scope="module")
-def law_csv(tmp_path_factory):
-    """Points of a known law: enough distinct (N, D) for a fit."""
-    path = tmp_path_factory.mktemp("law") / "law.csv"
-    rows = ["N,D,loss"]
-    for n in (1e6, 3e6, 1e7, 3e7):
-        for d in (1e8, 1e9, 1e10):
-            rows.append(f"{n:g},{d:g},{1.7 + 400 * n**-0.34 + 410 * d**-0.28:.6f}")
-    path.write_text("\n".join(rows) + "\n")
-    return path
-
-
 def _error(*args: str) -> str:
     result = CliRunner().invoke(app, list(args))
     assert result.exit_code == 2, result.output

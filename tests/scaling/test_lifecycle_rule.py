@@ -4,7 +4,6 @@ prints the others as serving that takes the whole budget."""
 
 from __future__ import annotations
 
-import pytest
 from typer.testing import CliRunner
 
 from ledgerlm.cli.main import app
@@ -14,17 +13,6 @@ from ledgerlm.lab.scaling.points import load_points
 from ledgerlm.lab.scaling.recommend import recommend, trains
 
 STARVED = "serving the requests takes the whole budget; no model trains on even one token"
-
-
-@pytest.fixture(scope="module")
-def law_csv(tmp_path_factory):
-    path = tmp_path_factory.mktemp("law") / "law.csv"
-    rows = ["N,D,loss"]
-    for n in (1e6, 3e6, 1e7, 3e7):
-        for d in (1e8, 1e9, 1e10):
-            rows.append(f"{n:g},{d:g},{1.7 + 400 * n**-0.34 + 410 * d**-0.28:.6f}")
-    path.write_text("\n".join(rows) + "\n")
-    return path
 
 
 def _recommend(law_csv) -> str:

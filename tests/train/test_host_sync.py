@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import ledgerlm.train.loop as loop
+from finite import Poison
 from ledgerlm.config import ModelConfig, TrainConfig
 from ledgerlm.lab.recorder import LedgerRecorder
 from ledgerlm.ledger.store import Ledger
@@ -129,17 +130,6 @@ def test_a_skip_policy_reads_each_update_before_its_step(policy):
     assert trainer.unread is None and trainer.state.step == STEPS
 
 
-class _Poison:
-    """Forward hook: the ``at``-th forward (1-based) scores NaN; counts the forwards."""
-
-    def __init__(self, at: int) -> None:
-        self.at, self.calls = at, 0
-
-    def __call__(self, module, inputs, output):
-        self.calls += 1
-        return output * math.nan if self.calls == self.at else output
-
-
 def test_a_non_finite_update_read_late_stops_at_the_next_update(tmp_path):
     """Under nonfinite = "stop" update 3 is applied and read by update 4, after update 4's
     forwards: the run stops with step 3's event, its state at step 2 and no row for 3."""
@@ -147,7 +137,7 @@ def test_a_non_finite_update_read_late_stops_at_the_next_update(tmp_path):
     run_id = ledger.create_run("t", {}, target_metric="loss", target_value=1.0, eval_every=1)
     recorder = LedgerRecorder(ledger, run_id, flush_every=EVERY, flush_seconds=math.inf)
     trainer = _trainer(recorder)
-    poison = _Poison(at=5)  # update 3's first micro-batch (grad_accum = 2)
+    poison = Poison(at=5)  # update 3's first micro-batch (grad_accum = 2)
     trainer.model.register_forward_hook(poison)
     with pytest.raises(loop.NonFiniteLossError, match="step 3"):
         trainer.fit()

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from finite import Poison
 from ledgerlm.config import ModelConfig, TrainConfig
 from ledgerlm.lab.recorder import LedgerRecorder
 from ledgerlm.ledger.store import Ledger
@@ -23,17 +24,6 @@ def _batches(n: int = 12):
     out = list(batches(pack_documents(docs, 17, 1, 2, 0), 4))[:n]
     assert len(out) == n
     return out
-
-
-class _Poison:
-    """Forward hook: the model's output on the ``at``-th call (1-based) becomes NaN."""
-
-    def __init__(self, at: int) -> None:
-        self.at, self.calls = at, 0
-
-    def __call__(self, module, inputs, output):
-        self.calls += 1
-        return output * math.nan if self.calls == self.at else output
 
 
 class _StepCounter:
@@ -54,7 +44,7 @@ def _trainer(policy: str, data, poison_at: int | None = 3, recorder=None, **trai
     torch.manual_seed(0)
     model = GPT(ModelConfig(d_model=16, n_layers=1, n_heads=2), 40)
     if poison_at:
-        model.register_forward_hook(_Poison(poison_at))
+        model.register_forward_hook(Poison(poison_at))
     cfg = TrainConfig(nonfinite=policy, max_steps=5, micro_batch_rows=4, **train)
     return Trainer(
         model, build_optimizer(model, cfg), cfg, iter(data), "isolated", [_StepCounter()], recorder

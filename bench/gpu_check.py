@@ -280,11 +280,10 @@ def fsdp(c: Check) -> dict[str, Any]:
             determinism(cfg)
             model = GPT(c.model, c.vocab, device="meta")
             engine = parallelize(model, world, cfg, bf16_params=c.cuda)
-            hook = model.register_forward_pre_hook(
+            model.register_forward_pre_hook(  # for the model's life: no handle kept
                 lambda m, a, kw: seen.append(str(kw["weights"].dtype)) if "weights" in kw else None,
                 with_kwargs=True,
             )
-            del hook  # kept registered for the model's life
             optimizer = build_optimizer(model, cfg)
             return Trainer(
                 model, optimizer, cfg, iter(data), "isolated", world=world, engine=engine

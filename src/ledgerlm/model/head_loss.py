@@ -29,7 +29,7 @@ class _ChunkedHeadLoss(torch.autograd.Function):
     def forward(ctx, x, weight, targets, weights, rows: int, dtype: torch.dtype):
         # x (N, d), weight (V, d), targets and weights (N,); matmuls in ``dtype``, the
         # softmax and the sums in fp32 (or the model's own fp64)
-        acc = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+        acc = _accumulation(dtype)
         with torch.autocast(x.device.type, enabled=False):
             xc, wc, w_all = x.to(dtype), weight.to(dtype), weights.to(acc)
             grad_x = torch.empty_like(x)
@@ -37,12 +37,9 @@ class _ChunkedHeadLoss(torch.autograd.Function):
             total = torch.zeros((), dtype=torch.float64, device=x.device)
             for start in range(0, x.shape[0], rows):
                 end = min(start + rows, x.shape[0])
-                z = (xc[start:end] @ wc.t()).to(acc)  # (c, V) logits
                 t, w = targets[start:end, None], w_all[start:end, None]
-                picked = z.gather(1, t)
-                top = z.amax(-1, keepdim=True)
-                norm = z.sub_(top).exp_().sum(-1, keepdim=True)  # z: exp(logits - top)
-                total += (w * (norm.log() + top - picked)).sum(dtype=torch.float64)
+                z, norm, loss = _scored(xc[start:end], wc, t, acc)
+                total += (w * loss).sum(dtype=torch.float64)
                 g = z.mul_(w / norm).scatter_add_(1, t, -w).to(dtype)  # w (softmax - onehot)
                 grad_x[start:end] = g @ wc
                 if g.dtype == acc:
@@ -90,18 +87,32 @@ def head_losses(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) ->
     shape = targets.shape
     x, targets = x.reshape(-1, x.shape[-1]), targets.reshape(-1)
     dtype, rows = _plan(x, weight)
-    acc = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+    acc = _accumulation(dtype)
     with torch.autocast(x.device.type, enabled=False):
         xc, wc = x.to(dtype), weight.to(dtype)
         out = torch.empty(x.shape[0], dtype=acc, device=x.device)
         for start in range(0, x.shape[0], rows):
             end = min(start + rows, x.shape[0])
-            z = (xc[start:end] @ wc.t()).to(acc)  # (c, V) logits
-            picked = z.gather(1, targets[start:end, None])
-            top = z.amax(-1, keepdim=True)
-            norm = z.sub_(top).exp_().sum(-1, keepdim=True)  # z: exp(logits - top)
-            out[start:end] = (norm.log_() + top - picked).squeeze(1)
+            out[start:end] = _scored(xc[start:end], wc, targets[start:end, None], acc)[2][:, 0]
     return out.view(shape)
+
+
+def _accumulation(dtype: torch.dtype) -> torch.dtype:
+    """The softmax's and the sums' dtype for matmuls in ``dtype``: fp32 for a 16-bit
+    one, else the model's own (fp32, fp64)."""
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
+def _scored(
+    xc: torch.Tensor, wc: torch.Tensor, t: torch.Tensor, acc: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One chunk of rows scored: ``exp(logits - max)`` (the chunk's (c, V) buffer, in
+    place), the softmax's normaliser (c, 1) and each row's ``-log softmax[t]`` (c, 1)."""
+    z = (xc @ wc.t()).to(acc)  # (c, V) logits
+    picked = z.gather(1, t)
+    top = z.amax(-1, keepdim=True)
+    norm = z.sub_(top).exp_().sum(-1, keepdim=True)  # z: exp(logits - top)
+    return z, norm, norm.log() + top - picked
 
 
 def _plan(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.dtype, int]:

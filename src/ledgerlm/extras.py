@@ -18,6 +18,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "mlflow": ("mlflow-skinny", "mlflow"),
     "wandb": ("wandb", "wandb"),
     "ray": ("ray", "ray"),
+    "optuna": ("optuna", "tune"),
     "mlperf_logging": ("mlperf-logging", "mllog"),
 }
 

@@ -31,6 +31,7 @@ from ledgerlm.train.optim import Optimizer, build_optimizer
 from ledgerlm.train.parallelize import pad_rows, parallelize
 from ledgerlm.train.progress import ProgressCallback
 from ledgerlm.train.record import Recorder
+from ledgerlm.train.stopping import StopRule
 
 
 def determinism(train: TrainConfig) -> None:
@@ -144,12 +145,14 @@ def build_evaluator(
     store: TokenStore,
     earlier: list[dict[str, Any]] | None = None,
     saved: dict[str, Any] | None = None,
+    rules: Sequence[StopRule] = (),
 ) -> EvalCallback:
     """The run's evaluator on the validation batches ``val``. A resumed (or restarted)
     run passes the ``earlier`` evaluations the ledger holds and the checkpoint's state
     ``saved`` (``None`` from step 0): a ``ResumedEval``, owing the evaluation the
-    checkpoint says was owed (``lab.skeleton.checkpointed_if_locked``)."""
-    args = (val, recipe.eval, recipe.pack.attention, store.domains, store.text)
+    checkpoint says was owed (``lab.skeleton.checkpointed_if_locked``). ``rules`` may
+    stop the run early at an evaluation (``train.stopping``; a tuning trial's pruner)."""
+    args = (val, recipe.eval, recipe.pack.attention, store.domains, store.text, tuple(rules))
     if earlier is None:
         return EvalCallback(*args)
     step = saved["step"] if saved else 0

@@ -45,9 +45,10 @@ from ledgerlm.progress import Progress
 from ledgerlm.tokens.shards import TokenStore
 from ledgerlm.train.checkpoint import STATE, resolve_checkpoint
 from ledgerlm.train.distributed import World
+from ledgerlm.train.stopping import StopRule
 from ledgerlm.workspace import BuiltVersion, Workspace
 
-FINISHED = ("reached", "not reached")
+FINISHED = ("reached", "not reached", "pruned")
 
 
 def _earlier(summary: dict[str, Any]) -> list[dict[str, Any]]:
@@ -62,6 +63,7 @@ def resume_run(
     world: World | None = None,
     restart: bool = False,
     callbacks: Sequence[Any] = (),
+    rules: Sequence[StopRule] = (),
 ) -> RunResult:
     """Continue a killed or failed run from its last checkpoint, in the same ledger run.
 
@@ -69,7 +71,8 @@ def resume_run(
     it trains again from step 0, from the same seed, so it makes the same updates; the
     time already spent stays on the bill. Evaluations the run already recorded stay; a
     step evaluated again reuses its row when the weights digest matches (see
-    ``ResumedEval``). ``callbacks`` are added to the trainer's (one process only).
+    ``ResumedEval``). ``callbacks`` are added to the trainer's and ``rules`` to its
+    evaluator (``train.stopping``), one process only.
     """
     world, progress, handoff = prologue(world, progress, callbacks)
     if handoff is None:
@@ -141,7 +144,7 @@ def resume_run(
                 training = same_global_batch(recipe, ranks, world)
 
                 sets = eval_sets(recorder, store, recipe)
-                evaluator = build_evaluator(sets.val, recipe, store, earlier, saved)
+                evaluator = build_evaluator(sets.val, recipe, store, earlier, saved, rules)
                 train_run(
                     recorder,
                     training,

@@ -64,6 +64,7 @@ from ledgerlm.train.checkpoint import load_checkpoint
 from ledgerlm.train.distributed import PeerLostError, World, watching_peers
 from ledgerlm.train.memory import check_memory
 from ledgerlm.train.record import Recorder
+from ledgerlm.train.stopping import StopRule
 from ledgerlm.workspace import BuiltVersion, Workspace, atomic_write_text
 
 
@@ -129,6 +130,7 @@ def run_recipe(
     callbacks: Sequence[Any] = (),
     launched_at: float | None = None,
     verify: bool = True,
+    rules: Sequence[StopRule] = (),
 ) -> RunResult:
     """Run ``recipe`` end to end; under ``torchrun`` pass the ``World`` on every rank.
 
@@ -139,7 +141,8 @@ def run_recipe(
     from then to the run's creation (interpreter, imports, reading the recipe) is
     charged as a ``startup`` phase, so the bill holds what the user waited for. Reused
     versions are checked against their manifests; ``verify=False`` skips the content
-    hashes (sizes, counts and token ids are still checked)."""
+    hashes (sizes, counts and token ids are still checked). ``rules`` may stop the run
+    early at an evaluation (``train.stopping``; one process only, as ``callbacks``)."""
     world, progress, handoff = prologue(world, progress, callbacks)
     if handoff is None:
         return follow(workspace, world)
@@ -203,7 +206,7 @@ def run_recipe(
 
             recorder.start("setup", what="model, optimizer, data stream")
             parts, _ = build_parts(recipe, store, world)
-            evaluator = build_evaluator(sets.val, recipe, store)
+            evaluator = build_evaluator(sets.val, recipe, store, rules=rules)
             shift = None
             if init is not None:
                 recorder.start("restore", what=f"initial weights of {init.run_id}")

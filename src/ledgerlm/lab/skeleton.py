@@ -180,7 +180,8 @@ def train_run(
     with checkpointed_if_locked(recorder, trainer):
         close_training(trainer, evaluator, test)
         reached = evaluator.reached_step is not None
-        recorder.ledger.finish_run(recorder.run_id, "reached" if reached else "not reached")
+        status = "reached" if reached else trainer.state.stop_status or "not reached"
+        recorder.ledger.finish_run(recorder.run_id, status)
     return trainer
 
 

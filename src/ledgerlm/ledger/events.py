@@ -31,6 +31,7 @@ CONTINUED_PRETRAINING = "continued_pretraining"  # before/after rows against the
 MIX_SEARCH = "mix_search"  # the mixture search a trial run belongs to
 SWEEP = "sweep"  # the scaling sweep a run belongs to (its plan point)
 SINKS = "sinks"  # the seconds each sink cost
+EARLY_STOP = "early_stop"  # a stop rule ended the run (rule, reason, status, its detail)
 TRAIN_END = "train_end"  # why training stopped (plain text)
 RESUME = "resume"  # where a resumed run went on from (plain text)
 CLOSED_OPEN_PHASES = "closed_open_phases"  # the phases a resume found open and closed

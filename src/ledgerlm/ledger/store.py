@@ -42,7 +42,7 @@ from ledgerlm.ledger.target import time_to_target
 # evaluations.consumed_json (training tokens consumed per domain at the evaluation). 4:
 # steps.seconds (wall time of the update). 5: steps.at (when the update ended, epoch s).
 SCHEMA_VERSION = 5
-RUN_STATUSES = ("running", "reached", "not reached", "failed")
+RUN_STATUSES = ("running", "reached", "not reached", "pruned", "failed")
 BUSY_SLICE = 0.1  # seconds SQLite itself waits on a lock before the retry loop takes over
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
 # Primary codes of a read-only open that cannot make the WAL's shared-memory file (a

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -19,12 +20,14 @@ import numpy as np
 import torch
 
 from ledgerlm.config import EvalConfig
+from ledgerlm.ledger import events
 from ledgerlm.ledger.target import meets
 from ledgerlm.model.dtensor import is_sharded, local_data
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.tokenizer import TokenText
 from ledgerlm.train.distributed import World
 from ledgerlm.train.record import Section
+from ledgerlm.train.stopping import StopRule
 
 
 def unigram_entropy(val: Sequence[Batch]) -> float:
@@ -282,6 +285,7 @@ class EvalCallback:
     attention: str
     domains: list[str]
     text: TokenText | None = None  # with it, evaluations also give bits per byte
+    rules: Sequence[StopRule] = ()  # what may stop the run early (``train.stopping``)
     history: list[dict[str, Any]] = field(default_factory=list)
     reached_step: int | None = None
     owed: bool = False  # an evaluation was due and its result is not recorded yet
@@ -445,3 +449,18 @@ class EvalCallback:
             self.reached_step = record["step"]
             if trainer is not None and self.cfg.stop_at_target:
                 trainer.state.should_stop, trainer.state.stop_reason = True, "target confirmed"
+        if trainer is None or self.reached_step is not None or trainer.state.should_stop:
+            return
+        for rule in self.rules:
+            stop = rule(record, self.history)
+            if stop is not None:
+                state = trainer.state
+                state.should_stop, state.stop_reason, state.stop_status = (
+                    True,
+                    stop.reason,
+                    stop.status,
+                )
+                message = {"rule": rule.name, "reason": stop.reason, "status": stop.status}
+                event = json.dumps({**message, **stop.detail})
+                trainer.recorder.event(events.EARLY_STOP, event, step=record["step"])
+                return

@@ -68,6 +68,7 @@ class TrainState:
     history: list[StepRecord] = field(default_factory=list)
     should_stop: bool = False
     stop_reason: str = ""
+    stop_status: str = ""  # a stop rule's status ("not reached", "pruned"); "" otherwise
 
     def counters(self) -> dict[str, float]:
         return {

@@ -174,7 +174,7 @@ def _same_file(f: Any, path: Path) -> bool:
 
 class Workspace:
     """``data/<version>/``, ``tokens/<version>/``, ``runs/<run-id>/``,
-    ``mixtures/<search id>.json`` and ``ledger.db``."""
+    ``mixtures/<search id>.json``, ``tune/<study>/`` and ``ledger.db``."""
 
     KINDS = ("data", "tokens")
 
@@ -436,3 +436,32 @@ class Workspace:
         raise FileNotFoundError(
             f"{ref!r} matches {len(found)} mixture searches: {', '.join(found)}"
         )
+
+    def study_dir(self, study: str) -> Path:
+        """``tune/<study>/``: a tuning study's Optuna storage (``journal.log`` unless the
+        study keeps it elsewhere) and its record, ``study.json``."""
+        return self._inside("tune", study, "study")
+
+    def study_file(self, study: str) -> Path:
+        """``tune/<study>/study.json``: the study's plan, its trials and its best one."""
+        return self.study_dir(study) / "study.json"
+
+    def resolve_study(self, ref: str) -> str:
+        """A tuning study: exact, a unique prefix, or ``latest`` (newest record)."""
+        folder = self.root / "tune"
+        files = (
+            sorted(folder.glob("*/study.json"), key=lambda p: p.stat().st_mtime)
+            if folder.is_dir()
+            else []
+        )
+        ids = [p.parent.name for p in files]
+        if ref == "latest" and ids:
+            return ids[-1]
+        if ref in ids:
+            return ref
+        found = [i for i in ids if i.startswith(ref)]
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            raise FileNotFoundError(f"no tuning study matches {ref!r} in {folder}")
+        raise FileNotFoundError(f"{ref!r} matches {len(found)} tuning studies: {', '.join(found)}")

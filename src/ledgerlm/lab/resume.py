@@ -201,6 +201,7 @@ def continue_run(
     *,
     callbacks: Sequence[Any] = (),
     restart: bool = False,
+    rules: Sequence[StopRule] = (),
 ) -> Continued:
     """The run named ``recipe.name``, continued: ``reused`` when it finished, ``resumed``
     from its last checkpoint when it was interrupted or failed (``restarted`` from step 0
@@ -208,7 +209,8 @@ def continue_run(
     ``restart``: for callbacks whose state no checkpoint keeps), ``started`` when the
     ledger holds no run of that name. A run found must have trained this very recipe
     (the same digest), and one that another process is training is refused
-    (``PlanConflict``)."""
+    (``PlanConflict``). ``rules`` may stop it early at an evaluation (a tuning trial's
+    pruner, ``train.stopping``)."""
     found = None
     if workspace.ledger_path.is_file():
         with Ledger(workspace.ledger_path) as ledger:
@@ -218,7 +220,7 @@ def continue_run(
                 before = ledger.run_summary(found["id"])
                 stored = recipe_from_dict(before["run"]["recipe"])
     if found is None:
-        result = run_recipe(recipe, workspace, progress, callbacks=callbacks)
+        result = run_recipe(recipe, workspace, progress, callbacks=callbacks, rules=rules)
         return Continued(result.run_id, "started", result.data, result.tokens, result.summary)
     run_id = found["id"]
     have, want = stored.digest(), _planned_digest(recipe, workspace)
@@ -239,6 +241,8 @@ def continue_run(
             "and run this again"
         )
     restart = restart or not has_checkpoint(workspace, run_id)
-    result = resume_run(workspace, run_id, progress, restart=restart, callbacks=callbacks)
+    result = resume_run(
+        workspace, run_id, progress, restart=restart, callbacks=callbacks, rules=rules
+    )
     how = "restarted" if restart else "resumed"
     return Continued(run_id, how, result.data, result.tokens, result.summary, seconds)

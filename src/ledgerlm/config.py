@@ -798,6 +798,24 @@ class EvalConfig(_Section):
     budget_seconds: float = Field(
         0, ge=0, description="Stop once the run's wall time (all phases) reaches this; 0 = none."
     )
+    patience: int = Field(
+        0,
+        ge=0,
+        description="Stop as not reached once this many evaluations in a row failed to "
+        "improve on the best (by more than min_delta); 0 = off.",
+    )
+    min_delta: float = Field(
+        0.0,
+        ge=0,
+        description="patience: how far below the best an evaluation must be to improve "
+        "on it (0 = strictly below), in the target's unit.",
+    )
+    project: bool = Field(
+        False,
+        description="Stop as not reached once a power law fitted to the validation curve "
+        "over tokens puts even the optimistic end of its 95% interval at the token budget "
+        "above the target (from 6 evaluations, the last at 10% of the budget).",
+    )
     asynchronous: bool = Field(
         False,
         description="Evaluate a snapshot of the weights in a background thread while "
@@ -835,6 +853,9 @@ class EvalConfig(_Section):
             "val_max_tokens": self.max_tokens,
             "budget_tokens": self.budget_tokens or None,
             "budget_seconds": self.budget_seconds or None,
+            "patience": self.patience or None,
+            "min_delta": self.min_delta if self.patience else None,
+            "project": self.project,
             "asynchronous": self.asynchronous,
         }
 

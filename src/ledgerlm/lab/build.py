@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ledgerlm.config import Recipe, TrainConfig
-from ledgerlm.lab.mixture import segments
+from ledgerlm.lab.mixture import segments, token_budget
 from ledgerlm.ledger import events
 from ledgerlm.model.gpt import GPT
 from ledgerlm.tokens.loader import test_batches, train_batches, validation_batches
@@ -31,7 +31,7 @@ from ledgerlm.train.optim import Optimizer, build_optimizer
 from ledgerlm.train.parallelize import pad_rows, parallelize
 from ledgerlm.train.progress import ProgressCallback
 from ledgerlm.train.record import Recorder
-from ledgerlm.train.stopping import StopRule
+from ledgerlm.train.stopping import StopRule, plan_rules
 
 
 def determinism(train: TrainConfig) -> None:
@@ -146,13 +146,18 @@ def build_evaluator(
     earlier: list[dict[str, Any]] | None = None,
     saved: dict[str, Any] | None = None,
     rules: Sequence[StopRule] = (),
+    ranks: int = 1,
 ) -> EvalCallback:
     """The run's evaluator on the validation batches ``val``. A resumed (or restarted)
     run passes the ``earlier`` evaluations the ledger holds and the checkpoint's state
     ``saved`` (``None`` from step 0): a ``ResumedEval``, owing the evaluation the
-    checkpoint says was owed (``lab.skeleton.checkpointed_if_locked``). ``rules`` may
-    stop the run early at an evaluation (``train.stopping``; a tuning trial's pruner)."""
-    args = (val, recipe.eval, recipe.pack.attention, store.domains, store.text, tuple(rules))
+    checkpoint says was owed (``lab.skeleton.checkpointed_if_locked``). The recipe's
+    stopping plan (``eval.patience``, ``eval.project``: ``train.stopping.plan_rules``, on
+    the token budget of ``ranks`` ranks, the ranks the run's global batch is made for)
+    and then ``rules`` (a tuning trial's pruner) may stop the run early at an evaluation."""
+    planned = plan_rules(recipe.eval, token_budget(recipe, ranks))
+    rules = (*planned, *rules)
+    args = (val, recipe.eval, recipe.pack.attention, store.domains, store.text, rules)
     if earlier is None:
         return EvalCallback(*args)
     step = saved["step"] if saved else 0

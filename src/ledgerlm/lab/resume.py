@@ -144,7 +144,7 @@ def resume_run(
                 training = same_global_batch(recipe, ranks, world)
 
                 sets = eval_sets(recorder, store, recipe)
-                evaluator = build_evaluator(sets.val, recipe, store, earlier, saved, rules)
+                evaluator = build_evaluator(sets.val, recipe, store, earlier, saved, rules, ranks)
                 train_run(
                     recorder,
                     training,

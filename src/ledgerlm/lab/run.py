@@ -206,7 +206,7 @@ def run_recipe(
 
             recorder.start("setup", what="model, optimizer, data stream")
             parts, _ = build_parts(recipe, store, world)
-            evaluator = build_evaluator(sets.val, recipe, store, rules=rules)
+            evaluator = build_evaluator(sets.val, recipe, store, rules=rules, ranks=world.size)
             shift = None
             if init is not None:
                 recorder.start("restore", what=f"initial weights of {init.run_id}")
@@ -259,10 +259,10 @@ def follow(workspace: Workspace, world: World) -> RunResult:
         load_checkpoint(init.checkpoint, parts.model)
         shift = BeforeAfter(init, workspace, recipe)
         shift.score(Recorder(), "before", parts.model, val, store.domains, world)
-    evaluator = build_evaluator(val, recipe, store, sent["earlier"], saved)
+    ranks = saved.get("ranks", 1) if saved else world.size
+    evaluator = build_evaluator(val, recipe, store, sent["earlier"], saved, ranks=ranks)
     # A sharded model is saved and tested by every rank, so this rank checkpoints too.
     checkpoints = (Path(sent["checkpoint_dir"]), checkpoint_extra(sent["run_id"], recipe))
-    ranks = saved.get("ranks", 1) if saved else world.size
     trainer = build_trainer(
         same_global_batch(recipe, ranks, world),
         parts,

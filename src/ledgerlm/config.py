@@ -737,6 +737,12 @@ class TrainConfig(_Section):
         description="Continued pretraining: start from this run's final weights (fresh "
         "optimizer and schedule); its tokenizer is reused.",
     )
+    from_tune: str | None = Field(
+        None,
+        description="A finished tuning study (`ledgerlm tune`: its name, a unique prefix "
+        "or latest) of this very recipe: its best trial's values are trained, and the "
+        "study's wall and device time are charged to the run as a `search` phase.",
+    )
 
     @model_validator(mode="after")
     def _token_schedule_has_length(self) -> TrainConfig:

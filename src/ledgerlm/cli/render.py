@@ -12,7 +12,7 @@ from typing import Any
 from rich.markup import escape
 
 from ledgerlm.cli.table import FitTable
-from ledgerlm.cli.ui import fmt_seconds
+from ledgerlm.cli.ui import fmt_g, fmt_seconds
 from ledgerlm.ledger.events import (
     CONTINUED_PRETRAINING,
     TEST_EVALUATION,
@@ -21,6 +21,7 @@ from ledgerlm.ledger.events import (
     warnings,
 )
 from ledgerlm.ledger.mixture import DOMAIN_COUNTER
+from ledgerlm.ledger.search import search_charges, search_rows, search_title
 from ledgerlm.ledger.target import TimeToTarget
 
 PHASE_ORDER = (
@@ -294,3 +295,31 @@ def warning_lines(summary: dict[str, Any]) -> list[str]:
         at = f"step {e['step']} " if e["step"] is not None else ""
         lines.append(f"  {at}{e['kind']}: {' '.join(str(e['message']).split())}")
     return lines
+
+
+def device_hours(hours: float) -> str:
+    """Device-hours to 3 significant digits (a tiny run's are thousandths or less)."""
+    return fmt_g(hours) if hours else "0"
+
+
+def search_table(title: str, bill: dict[str, Any]) -> FitTable:
+    """A search's bill (``ledger.search.search_rows``): per group of trials (reached,
+    not reached, pruned, failed) their count, wall time and device-hours, then all."""
+    t = FitTable(title=escape(title), show_edge=False)
+    t.add_column("trials")
+    for col in ("count", "wall", "device-hours"):
+        t.add_column(col, justify="right")
+    for row in search_rows(bill):
+        label = escape(row["group"])
+        t.add_row(
+            f"[bold]{label}[/]" if row["group"] == "all" else label,
+            "" if row["trials"] is None else str(row["trials"]),
+            fmt_seconds(row["seconds"]),
+            device_hours(row["device_hours"]),
+        )
+    return t
+
+
+def search_tables(summary: dict[str, Any]) -> list[FitTable]:
+    """The table of each search charged to the run (its ``search`` phases)."""
+    return [search_table(search_title(c), c["bill"]) for c in search_charges(summary)]

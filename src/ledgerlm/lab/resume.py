@@ -22,9 +22,9 @@ from typing import Any
 from ledgerlm.config import Recipe, load_recipe, recipe_from_dict
 from ledgerlm.lab.build import build_evaluator, build_parts, placed, same_global_batch
 from ledgerlm.lab.continued import find_version
-from ledgerlm.lab.mixture import use_search
 from ledgerlm.lab.recorder import LedgerRecorder
 from ledgerlm.lab.run import RunResult, follow, run_recipe
+from ledgerlm.lab.searches import resolved_recipe
 from ledgerlm.lab.sinks import check_sinks, open_sinks
 from ledgerlm.lab.skeleton import (
     check_contract,
@@ -191,7 +191,7 @@ class Continued:
 def _planned_digest(recipe: Recipe, workspace: Workspace) -> str:
     """The digest of the recipe the ledger stores for a run of ``recipe`` (a search it
     names resolved, as ``run_recipe`` resolves it)."""
-    return use_search(recipe, workspace)[0].digest()
+    return resolved_recipe(recipe, workspace).digest()
 
 
 def continue_run(

@@ -39,8 +39,9 @@ from ledgerlm.lab.build import (
     val_batches,
 )
 from ledgerlm.lab.continued import BeforeAfter, InitSource, find_version, init_source
-from ledgerlm.lab.mixture import plan, use_search
+from ledgerlm.lab.mixture import plan
 from ledgerlm.lab.recorder import LedgerRecorder
+from ledgerlm.lab.searches import charge_search, resolve_searches
 from ledgerlm.lab.sinks import check_sinks, open_sinks
 from ledgerlm.lab.skeleton import (
     check_contract,
@@ -93,21 +94,6 @@ def charge_startup(ledger: Ledger, run_id: str, launched_at: float) -> None:
     ledger.record_phase(run_id, "startup", seconds, detail={"what": "interpreter and imports"})
 
 
-def charge_search(ledger: Ledger, run_id: str, search: dict[str, Any]) -> None:
-    """The mixture search whose result the run uses, as a ``search`` phase holding the
-    search's wall time (it ended before the run began), so time-to-target includes it."""
-    ledger.record_phase(
-        run_id,
-        "search",
-        float(search["seconds"]),
-        detail={
-            "search_id": search["search_id"],
-            "trials": [t["run"] for t in search["trials"]],
-            "objective": search["objective"],
-        },
-    )
-
-
 def record_plan(
     recorder: LedgerRecorder, recipe: Recipe, store: TokenStore, ranks: int
 ) -> MixturePlan:
@@ -156,11 +142,11 @@ def run_recipe(
         if recipe.tokenizer.from_ is not None:
             tokenizer_file(recipe.tokenizer.from_)
         ledger = Ledger(workspace.ledger_path, patience=recipe.log.ledger_timeout)
-    init = search = None
+    init = None
     try:
         if recipe.train.init_from:
             recipe, init = init_source(recipe, ledger, workspace)
-        recipe, search = use_search(recipe, workspace)
+        recipe, searches = resolve_searches(recipe, workspace, ledger)
     except BaseException:
         ledger.close()
         raise
@@ -175,7 +161,7 @@ def run_recipe(
     started_at = time.time()
     if launched_at is not None:
         charge_startup(ledger, run_id, launched_at)
-    if search is not None:
+    for search in searches:  # the searches the recipe was chosen by: on its bill
         charge_search(ledger, run_id, search)
     recorder = LedgerRecorder(
         ledger, run_id, flush_every=recipe.eval.every_steps, note=progress.note

@@ -26,7 +26,7 @@ from ledgerlm.report.run.figures import (
 )
 from ledgerlm.report.run.labels import recipe_labels
 from ledgerlm.report.run.series import MAX_POINTS, SMOOTHING
-from ledgerlm.report.run.tables import comparison_html, mixture_html, swatch
+from ledgerlm.report.run.tables import comparison_html, mixture_html, search_html, swatch
 
 
 def _run_list(summaries: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> str:
@@ -112,6 +112,7 @@ def render_report(
     sections += [
         "<h2>Time per phase</h2>",
         figure_html("phases", phase_figure(summaries)),
+        search_html(summaries),
         mixture_html(summaries),
         "<h2>Comparison</h2>",
         comparison_html(result),

@@ -1,5 +1,5 @@
-"""The run report's HTML tables: the mixture (configured beside consumed) and the
-comparison of ``ledger compare``."""
+"""The run report's HTML tables: the mixture (configured beside consumed), the
+searches charged to each run, and the comparison of ``ledger compare``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 from ledgerlm.ledger.compare import TABLE_COLUMNS, comparison_rows, final_domain_losses, seed_spread
 from ledgerlm.ledger.mixture import realised
+from ledgerlm.ledger.search import search_charges, search_rows, search_title
 from ledgerlm.report.plots import e, run_color
 
 
@@ -97,3 +98,27 @@ def mixture_html(summaries: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return ""
     return "<h2>Mixture: configured and consumed</h2>" + _table(head, rows)
+
+
+def search_html(summaries: Sequence[Mapping[str, Any]]) -> str:
+    """Per run, each search charged to it (``ledger.search``): its trials by how they
+    ended (reached, not reached, pruned, failed), the wall time and device-hours of each
+    group, and the whole search. Empty when no run was charged a search."""
+    head = ("run", "search", "trials", "count", "wall", "device-hours")
+    rows = []
+    for i, s in enumerate(summaries):
+        for found in search_charges(s):
+            for row in search_rows(found["bill"]):
+                rows.append(
+                    [
+                        swatch(i) + e(s["run"]["id"]),
+                        e(search_title(found)),
+                        e(row["group"]),
+                        _num(row["trials"]),
+                        e(f"{row['seconds']:,.1f} s"),
+                        _num(row["device_hours"], ".3g"),
+                    ]
+                )
+    if not rows:
+        return ""
+    return "<h2>Searches on the bill</h2>" + _table(head, rows)

@@ -804,6 +804,12 @@ class EvalConfig(_Section):
     budget_seconds: float = Field(
         0, ge=0, description="Stop once the run's wall time (all phases) reaches this; 0 = none."
     )
+    budget_device_hours: float = Field(
+        0,
+        ge=0,
+        description="Stop as not reached once the run's device time (wall x devices held, "
+        "every phase and resume) reaches this many device-hours; 0 = none.",
+    )
     patience: int = Field(
         0,
         ge=0,
@@ -859,6 +865,7 @@ class EvalConfig(_Section):
             "val_max_tokens": self.max_tokens,
             "budget_tokens": self.budget_tokens or None,
             "budget_seconds": self.budget_seconds or None,
+            "budget_device_hours": self.budget_device_hours or None,
             "patience": self.patience or None,
             "min_delta": self.min_delta if self.patience else None,
             "project": self.project,
@@ -894,6 +901,25 @@ class LogConfig(_Section):
     )
 
 
+class CostConfig(_Section):
+    """Prices of device time, so time-to-target also reads in currency. A run records
+    the rate in force when it (re)starts, so a later edit never rewrites its bill."""
+
+    per_device_hour: dict[str, float] = Field(
+        default_factory=dict,
+        description="Currency per device-hour by device kind or name, e.g. {cuda = 2.5, "
+        "cpu = 0.05} (a name beats its kind; these beat <workspace>/cost.toml's).",
+    )
+
+    @field_validator("per_device_hour")
+    @classmethod
+    def _rates_not_negative(cls, table: dict[str, float]) -> dict[str, float]:
+        for key, rate in table.items():
+            if rate < 0:
+                raise ValueError(f"per_device_hour.{key} must be >= 0, got {rate!r}")
+        return table
+
+
 class Recipe(_Section):
     name: str = "recipe"
     data: DataConfig = Field(default_factory=DataConfig)
@@ -903,6 +929,7 @@ class Recipe(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    cost: CostConfig = Field(default_factory=CostConfig)
 
     @field_validator("name")
     @classmethod
@@ -949,11 +976,12 @@ class Recipe(_Section):
         return {key: reason for key, (unused, reason) in rules.items() if unused}
 
     def digest(self, *sections: str) -> str:
-        """A stable hash of the named sections (all but ``[log]`` when none are named:
-        where the series are also sent changes nothing a checkpoint depends on)."""
+        """A stable hash of the named sections (all but ``[log]`` and ``[cost]`` when none
+        are named: where the series are also sent, or what a device-hour costs, changes
+        nothing a checkpoint depends on)."""
         full = self.to_dict()
         picked = {k: full[k] for k in sections} if sections else full
-        picked = {k: v for k, v in picked.items() if sections or k != "log"}
+        picked = {k: v for k, v in picked.items() if sections or k not in ("log", "cost")}
         blob = json.dumps(picked, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
 

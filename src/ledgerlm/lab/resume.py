@@ -23,7 +23,7 @@ from ledgerlm.config import Recipe, load_recipe, recipe_from_dict
 from ledgerlm.lab.build import build_evaluator, build_parts, placed, same_global_batch
 from ledgerlm.lab.continued import find_version
 from ledgerlm.lab.recorder import LedgerRecorder
-from ledgerlm.lab.run import RunResult, follow, run_recipe
+from ledgerlm.lab.run import RunResult, follow, held_resources, run_recipe
 from ledgerlm.lab.searches import resolved_recipe
 from ledgerlm.lab.sinks import check_sinks, open_sinks
 from ledgerlm.lab.skeleton import (
@@ -96,7 +96,9 @@ def resume_run(
                     f"restart from step 0, in the same ledger run: ledgerlm resume {run_id} "
                     "--restart"
                 )
-            check_sinks(load_recipe(run_dir / "recipe.toml"))  # before anything is written
+            stored = load_recipe(run_dir / "recipe.toml")
+            check_sinks(stored)  # before anything is written
+            held = held_resources(world, stored, workspace)
         recorder = LedgerRecorder(ledger, run_id, note=progress.note)
         with handoff.guard(), run_lock(run_dir):
             # The killed process's open phases end at their last heartbeat (a lower bound
@@ -106,6 +108,8 @@ def resume_run(
                 message = [{k: p[k] for k in ("id", "kind", "seconds")} for p in closed]
                 ledger.add_event(run_id, events.CLOSED_OPEN_PHASES, json.dumps(message))
             ledger.finish_run(run_id, "running")
+            # what this process holds, in force from its restore on (ledger.resources)
+            ledger.add_event(run_id, events.RESOURCES, json.dumps(held))
             # The wall-time budget counts the work recorded so far, not the time between
             # the kill and this resume.
             started_at = time.time() - ledger.run_summary(run_id)["total_seconds"]

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -55,7 +57,7 @@ from ledgerlm.lab.skeleton import (
     run_lock,
     train_run,
 )
-from ledgerlm.ledger import events
+from ledgerlm.ledger import events, resources
 from ledgerlm.ledger.store import Ledger
 from ledgerlm.mixture.plan import MixturePlan
 from ledgerlm.progress import Progress
@@ -92,6 +94,38 @@ def charge_startup(ledger: Ledger, run_id: str, launched_at: float) -> None:
     interpreter, importing torch and the lab, reading the recipe, opening the ledger."""
     seconds = max(0.0, time.time() - launched_at)
     ledger.record_phase(run_id, "startup", seconds, detail={"what": "interpreter and imports"})
+
+
+def held_resources(world: World, recipe: Recipe, workspace: Workspace) -> dict[str, Any]:
+    """What this process start of a run holds, for rank 0 to record for every rank (a
+    ``resources`` event, ``ledger.resources``): the device of ``train.device`` (its name
+    where CUDA, the processor otherwise), one device per rank, the ranks, the hosts
+    torchrun spread them over, the threads per rank and the host's cores; with the price
+    per device-hour in force (``[cost]`` of the recipe over ``<workspace>/cost.toml``)."""
+    import torch
+
+    kind = recipe.train.device
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cuda" and torch.cuda.is_available():
+        name = torch.cuda.get_device_name(world.local_rank % torch.cuda.device_count())
+    else:
+        name = platform.processor() or platform.machine() or kind
+    rate = resources.price(
+        kind,
+        name,
+        recipe.cost.per_device_hour,
+        resources.read_prices(workspace.root / "cost.toml"),
+    )
+    return resources.held(
+        kind,
+        name,
+        world.size,
+        hosts=resources.hosts_of(os.environ, world.size),
+        threads_per_rank=torch.get_num_threads(),
+        host_cores=os.cpu_count(),
+        price=rate,
+    )
 
 
 def record_plan(
@@ -141,6 +175,7 @@ def run_recipe(
         check_sinks(recipe)  # nor a sink whose library is missing
         if recipe.tokenizer.from_ is not None:
             tokenizer_file(recipe.tokenizer.from_)
+        held = held_resources(world, recipe, workspace)  # a bad cost.toml writes nothing
         ledger = Ledger(workspace.ledger_path, patience=recipe.log.ledger_timeout)
     init = None
     try:
@@ -163,6 +198,8 @@ def run_recipe(
         charge_startup(ledger, run_id, launched_at)
     for search in searches:  # the searches the recipe was chosen by: on its bill
         charge_search(ledger, run_id, search)
+    # after the phases charged before it, which count its devices (ledger.resources)
+    ledger.add_event(run_id, events.RESOURCES, json.dumps(held))
     recorder = LedgerRecorder(
         ledger, run_id, flush_every=recipe.eval.every_steps, note=progress.note
     )

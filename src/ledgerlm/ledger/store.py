@@ -20,6 +20,7 @@ folder beside it: an empty (0-byte) ledger beside runs is refused, never taken a
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import math
@@ -35,8 +36,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from ledgerlm.ledger import resources
 from ledgerlm.ledger.coverage import phase_coverage
-from ledgerlm.ledger.target import time_to_target
+from ledgerlm.ledger.target import charged, time_to_target
 
 # 1: the first schema. 2: phases.beat_at (heartbeat of an open phase). 3:
 # evaluations.consumed_json (training tokens consumed per domain at the evaluation). 4:
@@ -725,7 +727,13 @@ class Ledger:
     # -- reading ------------------------------------------------------------------------
 
     def run_summary(self, run_id: str) -> dict:
-        """Everything known about one run, with the time-to-target verdict computed fresh."""
+        """Everything known about one run, with the time-to-target verdict computed fresh.
+
+        Each phase holds its ``device_seconds`` (wall x the devices held then, from the
+        run's ``resources`` events: ``ledger.resources``); ``resources`` are those in
+        force now (``None`` for a run recorded before them), ``device_seconds`` and
+        ``phase_device_totals`` the run's device time, and time-to-target holds the
+        device time of its bill and, where a price was in force, its cost."""
         row = self._one("SELECT * FROM runs WHERE id = ?", (run_id,))
         if row is None:
             raise LedgerError(f"no run with id {run_id!r}")
@@ -764,6 +772,7 @@ class Ledger:
             dict(r)
             for r in self._rows("SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,))
         ]
+        held = resources.charge(phases, events)
         contract = run["meta"].get("contract", {})
         verdict = time_to_target(
             phases,
@@ -773,6 +782,11 @@ class Ledger:
             int(contract.get("confirm", 1)),
             contract.get("targets") or {},
         )
+        if verdict.reached and verdict.evaluation is not None:
+            ids = {p["id"] for p in charged(phases, verdict.evaluation)}
+            bill = [(p, r) for p, r in zip(phases, held["by_phase"], strict=True) if p["id"] in ids]
+            priced = resources.cost([p for p, _ in bill], [r for _, r in bill])
+            verdict = dataclasses.replace(verdict, cost=priced)
         recorded = self._one(
             "SELECT COUNT(*), COALESCE(SUM(tokens), 0), COALESCE(SUM(targets), 0)"
             " FROM steps WHERE run_id = ?",
@@ -783,6 +797,9 @@ class Ledger:
             "phases": phases,
             "phase_totals": totals,
             "total_seconds": sum(totals.values()),
+            "resources": held["resources"],
+            "device_seconds": held["device_seconds"],
+            "phase_device_totals": held["phase_device_totals"],
             "open_phases": open_phases,
             "coverage": phase_coverage(run["created_at"], phases),
             "counters": counters,

@@ -6,6 +6,9 @@ paying until the next evaluation said so. The bill therefore runs up to and incl
 the evaluation phase that confirmed the target, and covers every phase before it
 (prep, tokenize, train, eval, checkpoint), not just the training steps.
 
+The same bill in device time is ``device_seconds``: each phase's wall seconds x the
+devices the run held then (``ledger.resources``), which two ranks double.
+
 These are pure functions over plain rows so that the rule can be tested and reused
 without a database.
 """
@@ -30,6 +33,13 @@ class TimeToTarget:
     metric: str
     threshold: float
     targets: dict[str, float] = field(default_factory=dict)  # per-domain thresholds
+    # wall x devices held of the charged phases (ledger.resources); None unless reached
+    device_seconds: float | None = None
+    cost: dict[str, Any] | None = None  # {currency_per_device_hour, amount, key} when priced
+
+    @property
+    def device_hours(self) -> float | None:
+        return None if self.device_seconds is None else self.device_seconds / 3600.0
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TimeToTarget:
@@ -43,6 +53,8 @@ class TimeToTarget:
             metric=d["metric"],
             threshold=d["threshold"],
             targets=d.get("targets", {}),
+            device_seconds=d.get("device_seconds"),  # absent from summaries before it
+            cost=d.get("cost"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -57,6 +69,9 @@ class TimeToTarget:
             "metric": self.metric,
             "threshold": self.threshold,
             "targets": dict(self.targets),
+            "device_seconds": self.device_seconds,
+            "device_hours": self.device_hours,
+            "cost": dict(self.cost) if self.cost is not None else None,
         }
 
     def describe(self) -> str:
@@ -99,6 +114,24 @@ def _phase_seconds(phase: Mapping[str, Any]) -> float:
     return seconds if math.isfinite(seconds) else 0.0
 
 
+def _phase_device_seconds(phase: Mapping[str, Any]) -> float:
+    # Ledger.run_summary gives each phase its device-seconds (ledger.resources); a phase
+    # without them (plain rows) holds one device.
+    if "device_seconds" not in phase:
+        return _phase_seconds(phase)
+    value = float(phase["device_seconds"])
+    return value if math.isfinite(value) else 0.0
+
+
+def charged(
+    phases: Sequence[Mapping[str, Any]], evaluation: Mapping[str, Any]
+) -> list[Mapping[str, Any]]:
+    """The phases on the bill of a target confirmed at ``evaluation``: every phase up to
+    and including the evaluation's (all of them when it is bound to none)."""
+    limit = evaluation.get("phase_id")
+    return [p for p in phases if limit is None or p["id"] <= limit]
+
+
 def time_to_target(
     phases: Sequence[Mapping[str, Any]],
     evaluations: Sequence[Mapping[str, Any]],
@@ -138,11 +171,9 @@ def time_to_target(
             targets=dict(targets or {}),
         )
 
-    limit = confirming.get("phase_id")
     by_phase: dict[str, float] = {}
-    for phase in phases:
-        if limit is not None and phase["id"] > limit:
-            continue
+    bill = charged(phases, confirming)
+    for phase in bill:
         kind = str(phase["kind"])
         by_phase[kind] = by_phase.get(kind, 0.0) + _phase_seconds(phase)
     return TimeToTarget(
@@ -154,4 +185,5 @@ def time_to_target(
         metric=metric,
         threshold=threshold,
         targets=dict(targets or {}),
+        device_seconds=sum(_phase_device_seconds(p) for p in bill),
     )

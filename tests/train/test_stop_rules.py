@@ -9,9 +9,10 @@ from types import SimpleNamespace
 import pytest
 
 from ledgerlm.config import EvalConfig
+from ledgerlm.train.checkpointing import ResumedEval
 from ledgerlm.train.evaluate import EvalCallback
 from ledgerlm.train.record import Recorder
-from ledgerlm.train.stopping import Stop
+from ledgerlm.train.stopping import Patience, Projected, Stop, plan_rules
 
 
 class AtStep:
@@ -35,11 +36,18 @@ class Events(Recorder):
         self.events.append((kind, json.loads(message), step))
 
 
-def _observe(rule, losses, **cfg):
-    evaluator = EvalCallback([], EvalConfig(**cfg), "isolated", ["code"], rules=(rule,))
+def _observe(rule, losses, earlier=(), **cfg):
+    """Each loss in turn as an evaluation every 100 steps, after the ``earlier`` losses of
+    a resumed run (in the ledger before its checkpoint, replayed by ``ResumedEval``)."""
+    args = ([], EvalConfig(**cfg), "isolated", ["code"])
+    if earlier:
+        done = [{"step": 100 * (i + 1), "metrics": {"loss": v}} for i, v in enumerate(earlier)]
+        evaluator = ResumedEval(*args, rules=(rule,), earlier=done, step=100 * len(earlier))
+    else:
+        evaluator = EvalCallback(*args, rules=(rule,))
     state = SimpleNamespace(should_stop=False, stop_reason="", stop_status="")
     trainer = SimpleNamespace(state=state, recorder=Events())
-    for i, loss in enumerate(losses):
+    for i, loss in enumerate(losses, start=len(earlier)):
         record = {"step": 100 * (i + 1), "metrics": {"loss": loss}}
         evaluator.history.append(record)
         evaluator.observe(record, trainer)
@@ -71,3 +79,63 @@ def test_no_rule_is_asked_once_the_target_is_confirmed():
 def test_a_stop_names_a_known_status():
     with pytest.raises(ValueError, match="status"):
         Stop("why", "reached")
+
+
+NO_GAIN = "not reached (no improvement in 3 evaluations)"
+
+
+def test_patience_stops_at_the_kth_evaluation_without_improvement_and_not_before():
+    # The best is 4.0 at step 200; 4.0 again is no improvement (strictly below it is).
+    losses = [5.0, 4.0, 4.5, 4.0, 4.2, 3.0]
+    state, events = _observe(Patience("loss", 3), losses, target_loss=1.0)
+    assert (state.stop_reason, state.stop_status) == (NO_GAIN, "not reached")
+    [(kind, message, step)] = events
+    assert (kind, step) == ("early_stop", 500)
+    assert message == {
+        "rule": "patience",
+        "reason": NO_GAIN,
+        "status": "not reached",
+        "metric": "loss",
+        "best": 4.0,
+        "best_step": 200,
+        "evaluations": 3,
+        "min_delta": 0.0,
+    }
+    # One evaluation short of it, or an improvement in time, and the run goes on.
+    for short in ([5.0, 4.0, 4.5, 4.0], [5.0, 4.0, 4.5, 4.0, 3.9, 4.1, 4.1]):
+        state, events = _observe(Patience("loss", 3), short, target_loss=1.0)
+        assert not state.should_stop and events == [], short
+
+
+def test_patience_with_a_min_delta_adds_up_the_small_steps():
+    # Each step is 0.05 below the last: under min_delta 0.1 the first two do not count,
+    # the third (0.15 below the best, 5.0) does and becomes the best.
+    losses = [5.0, 4.95, 4.9, 4.85, 4.8, 4.78, 4.76]
+    _, events = _observe(Patience("loss", 3, min_delta=0.1), losses, target_loss=1.0)
+    [(_, message, step)] = events
+    assert step == 700 and (message["best"], message["best_step"]) == (4.85, 400)
+    _, events = _observe(Patience("loss", 3), losses, target_loss=1.0)
+    assert events == []  # strictly below the best each time
+
+
+def test_patience_counts_the_evaluations_of_a_resumed_run_before_its_checkpoint():
+    # Two evaluations without improvement were recorded before the kill: the first one
+    # after the resume is the third.
+    state, events = _observe(
+        Patience("loss", 3), [4.9], earlier=[5.0, 4.0, 4.5, 4.2], target_loss=1.0
+    )
+    [(_, message, step)] = events
+    assert step == 500 and message["best_step"] == 200 and state.stop_reason == NO_GAIN
+
+
+def test_the_recipe_plan_names_its_rules_on_the_target_metric():
+    assert plan_rules(EvalConfig(), 10_000) == ()
+    cfg = EvalConfig(patience=2, min_delta=0.01, project=True, target_bpb=1.25, metric="loss/code")
+    assert plan_rules(cfg, 10_000) == (
+        Patience("bpb/code", 2, 0.01),
+        Projected("bpb/code", 1.25, 10_000),
+    )
+    c = cfg.contract()
+    assert (c["patience"], c["min_delta"], c["project"]) == (2, 0.01, True)
+    c = EvalConfig().contract()
+    assert (c["patience"], c["min_delta"], c["project"]) == (None, None, False)

@@ -112,7 +112,9 @@ def test_confirmation_rule_and_domain_metric_decide_the_stop():
     assert max(e["metrics"]["loss/b"] for e in evaluator.history) > 1.5  # overall would differ
 
 
-@pytest.mark.parametrize("budget", [{"budget_tokens": 1320}, {"budget_seconds": 1e-9}])
+@pytest.mark.parametrize(
+    "budget", [{"budget_tokens": 1320}, {"budget_seconds": 1e-9}, {"budget_device_hours": 1e-12}]
+)
 def test_budget_stops_training(budget):
     trainer, evaluator = _trainer(steps=60, **budget)
     state = trainer.fit()
@@ -120,9 +122,34 @@ def test_budget_stops_training(budget):
         # Stopped at the first update that reached the budget.
         assert state.tokens - state.step_tokens < 1320 <= state.tokens
         assert state.stop_reason.startswith("token budget")
-    else:
+    elif "budget_seconds" in budget:
         assert state.step == 1 and state.stop_reason.startswith("time budget")
+    else:
+        assert state.step == 1
+        assert state.stop_reason == "device-time budget (1e-12 device-hours)"
     assert evaluator.history[-1]["step"] == state.step  # the final state is still evaluated
+
+
+def test_device_time_budget_counts_what_the_run_held_before_this_process():
+    # A run resumed on 1 rank after 100 s on 2 ranks (200 device-seconds): its started_at
+    # lies 100 s back, and each wall second from here adds one device-second.
+    now = 1_000.0
+    resumed = BudgetCallback(EvalConfig(), started_at=now - 100.0, before=(100.0, 200.0))
+    assert resumed.device_seconds(ranks=1, now=now) == pytest.approx(200.0)
+    assert resumed.device_seconds(ranks=1, now=now + 10.0) == pytest.approx(210.0)
+    assert resumed.device_seconds(ranks=2, now=now + 10.0) == pytest.approx(220.0)
+    fresh = BudgetCallback(EvalConfig(), started_at=now)  # nothing held before
+    assert fresh.device_seconds(ranks=2, now=now + 3.0) == pytest.approx(6.0)
+    c = EvalConfig(budget_device_hours=0.5).contract()
+    assert (
+        c["budget_device_hours"] == 0.5 and EvalConfig().contract()["budget_device_hours"] is None
+    )
+
+
+def test_a_device_time_budget_out_of_reach_leaves_training_alone():
+    trainer, _ = _trainer(steps=12, budget_device_hours=1e6)
+    state = trainer.fit()
+    assert state.step == 12 and not (state.stop_reason or "").startswith("device-time")
 
 
 def test_asynchronous_evaluation_scores_the_same_snapshots(tmp_path):

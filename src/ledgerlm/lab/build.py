@@ -186,10 +186,13 @@ def build_trainer(
     checkpoints: tuple[Path, dict[str, Any]] | None = None,
     resumed: dict[str, Any] | None = None,
     more: Sequence[Any] = (),
+    before: tuple[float, float] = (0.0, 0.0),
 ) -> Trainer:
     """The trainer of a run on this rank.
 
     ``started_at`` (a ``time.time()``) is when the run's wall-time budget began;
+    ``before`` the (wall, device) seconds the ledger charged a resumed run before this
+    process, for its device-time budget (``train.budget``);
     ``task`` a progress task advanced per update; ``checkpoints`` (folder, extra JSON
     state) saves every ``train.checkpoint_every`` updates; ``resumed`` is the trainer
     state of the checkpoint resumed from. Rank 0 passes the ledger's recorder, a task
@@ -211,7 +214,7 @@ def build_trainer(
         every = recipe.train.checkpoint_every
         callbacks.append(CheckpointCallback(folder, every, state, evaluator))
     callbacks.extend(more)
-    callbacks.append(BudgetCallback(recipe.eval, started_at))
+    callbacks.append(BudgetCallback(recipe.eval, started_at, before))
     trainer = Trainer(
         parts.model,
         parts.optimizer,

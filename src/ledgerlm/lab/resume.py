@@ -110,9 +110,11 @@ def resume_run(
             ledger.finish_run(run_id, "running")
             # what this process holds, in force from its restore on (ledger.resources)
             ledger.add_event(run_id, events.RESOURCES, json.dumps(held))
-            # The wall-time budget counts the work recorded so far, not the time between
-            # the kill and this resume.
-            started_at = time.time() - ledger.run_summary(run_id)["total_seconds"]
+            # The wall- and device-time budgets count the work recorded so far, not the
+            # time between the kill and this resume.
+            so_far = ledger.run_summary(run_id)
+            before = (so_far["total_seconds"], so_far["device_seconds"])
+            started_at = time.time() - before[0]
             with failing(recorder):
                 ph = recorder.start("restore", resume=True, restart=restart)
                 recipe = load_recipe(run_dir / "recipe.toml")
@@ -161,6 +163,7 @@ def resume_run(
                     test=sets.test,
                     resumed=saved["trainer"] if saved else None,
                     more=callbacks,
+                    before=before,
                 )
         summary = ledger.run_summary(run_id)
     finally:

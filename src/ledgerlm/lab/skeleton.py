@@ -157,10 +157,12 @@ def train_run(
     test: list[Batch],
     resumed: dict[str, Any] | None = None,
     more: Sequence[Any] = (),
+    before: tuple[float, float] = (0.0, 0.0),
 ) -> Trainer:
     """Build the trainer (a ``setup`` phase), train to max_steps, the target or the
     budget; then the final checkpoint, the once-only test score, and the run's status
-    (reached or not). ``resumed`` is the trainer state of the checkpoint resumed from."""
+    (reached or not). ``resumed`` is the trainer state of the checkpoint resumed from;
+    ``before`` the (wall, device) seconds the ledger charged the run before this process."""
     recorder.start("setup", what="trainer")
     with progress.task("train", total=recipe.train.max_steps) as task:
         trainer = build_trainer(
@@ -174,6 +176,7 @@ def train_run(
             checkpoints=checkpoints,
             resumed=resumed,
             more=more,
+            before=before,
         )
         with checkpointed_if_locked(recorder, trainer):
             trainer.fit()

@@ -17,6 +17,7 @@ from ledgerlm.cli import (
     mix_cmd,
     report_cmd,
     scale_cmd,
+    tune_cmd,
 )
 from ledgerlm.cli.mix_cmd import print_plan
 from ledgerlm.cli.recipes import shipped_recipe
@@ -91,6 +92,7 @@ app.add_typer(scale_cmd.app, name="scale")
 app.add_typer(mix_cmd.app, name="mix")
 app.command("report")(report_cmd.report)
 app.command("lessons")(lessons_cmd.lessons)
+app.command("tune")(tune_cmd.tune)
 
 
 def _print_result(result: RunResult) -> None:

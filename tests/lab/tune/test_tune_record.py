@@ -54,7 +54,14 @@ def test_best_is_the_least_ranked_value_and_device_time_is_summed(tmp_path):
     rec.write_record(ws, record)
     back = rec.load_study(ws, "s")
     assert [t["number"] for t in back["trials"]] == [0, 1, 2, 3]
-    assert back["best"] == {"number": 1, "run": "run1", "value": 1.5, "overrides": ["train.lr=1"]}
+    assert back["best"] == {
+        "number": 1,
+        "run": "run1",
+        "value": 1.5,
+        "overrides": ["train.lr=1"],
+        "status": "reached",
+        "metric": None,
+    }
     assert back["device_seconds"] == pytest.approx(6.5)
     with pytest.raises(ValueError, match="status is one of"):
         rec.put_trial(record, _row(4, "interrupted", None))

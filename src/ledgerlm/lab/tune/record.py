@@ -9,7 +9,7 @@ ends, so a reader (``ledger show``, ``ledgerlm run --from-tune``) never needs Op
      "trials": [{"number", "name": "<study>-tNN", "run", "status", "value", "params",
                  "overrides", "attempt", "seconds", "device_seconds", "metric",
                  "time_to_target"}],
-     "best": {"number", "run", "value", "overrides"} | None}
+     "best": {"number", "run", "value", "overrides", "status", "metric"} | None}
 
 A trial's ``status`` is its run's (``reached``, ``not reached``, ``pruned``,
 ``failed``) or ``running`` while it trains; ``value`` is what the study was told
@@ -100,7 +100,7 @@ def best_trial(trials: list[dict[str, Any]]) -> dict[str, Any] | None:
     if not ranked:
         return None
     best = min(ranked, key=lambda t: (float(t["value"]), t["number"]))
-    return {k: best[k] for k in ("number", "run", "value", "overrides")}
+    return {k: best.get(k) for k in ("number", "run", "value", "overrides", "status", "metric")}
 
 
 def load_study(workspace: Workspace, ref: str) -> dict[str, Any]:

@@ -177,3 +177,19 @@ def test_config_show_piped_at_80_columns_is_a_recipe_that_loads(tmp_path):
     (tmp_path / "r.toml").write_text(shown.stdout)
     reread = load_recipe(tmp_path / "r.toml")
     assert reread.data.sources == [long_path]
+
+
+def test_cost_prices_device_hours_and_the_device_time_budget_is_in_the_contract(tmp_path):
+    p = _write(tmp_path, "[cost]\nper_device_hour = {cuda = 2.5, cpu = 0.05}\n")
+    r = load_recipe(p, ["cost.per_device_hour.cpu=0.1", "eval.budget_device_hours=0.5"])
+    assert r.cost.per_device_hour == {"cuda": 2.5, "cpu": 0.1}
+    assert r.eval.contract()["budget_device_hours"] == 0.5
+    again = _write(tmp_path, recipe_to_toml(r))
+    assert load_recipe(again) == r
+    with pytest.raises(RecipeError, match=r"r.toml .*: cost.per_device_hour.*cpu must be >= 0"):
+        load_recipe(p, ["cost.per_device_hour.cpu=-1"])
+    with pytest.raises(RecipeError, match=r"eval\.budget_device_hours"):
+        load_recipe(p, ["eval.budget_device_hours=-1"])
+    prices = Recipe.model_fields["cost"].annotation.model_fields["per_device_hour"]
+    budget = Recipe.model_fields["eval"].annotation.model_fields["budget_device_hours"]
+    assert "device-hour" in prices.description and "device-hours" in budget.description

@@ -189,6 +189,32 @@ def test_ledger_show(runs, tty, which):
 
 
 @MODES
+def test_ledger_show_lists_the_search_on_the_bill(tmp_path, tty):
+    """A run charged a study of trials of every status (runs written through the
+    ledger's API): the search's table, each group's count, wall time and device-hours."""
+    from ledgerlm.cli.render import device_hours
+    from ledgerlm.lab.searches import charge, charge_search, trial_summaries
+    from ledgerlm.ledger.search import search_rows
+    from seed_ledger import seed_run
+
+    study = SEARCH[:-24]  # a study id of 67 characters
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        trials = []
+        for i, status in enumerate(("reached", "not reached", "pruned", "failed", "reached")):
+            trials.append(seed_run(ledger, f"{study}-t{i:02d}", steps=1000 * (i + 1),
+                                   sec_per_step=0.01, cross_step=1500, finish=status))  # fmt: skip
+        found = charge("tune", study, trials, trial_summaries(ledger, trials), 800.0)
+        run = seed_run(ledger, "tiny", steps=1000, sec_per_step=0.01, cross_step=500)
+        charge_search(ledger, run, found)
+    out = ledgerlm_at("ledger", "show", run, "-w", str(tmp_path), tty=tty)
+    values = [f"tune study {study}: 5 trials"]
+    for row in search_rows(found["bill"]):
+        values += [row["group"], fmt_seconds(row["seconds"]), device_hours(row["device_hours"])]
+    readable(out, values, prose=("events:", "  step ", "tune study "))
+    assert "outside trials" in out and "not reached" in out
+
+
+@MODES
 def test_ledger_compare(runs, tty):
     out = ledgerlm_at("ledger", "compare", *runs.ids(), "-w", str(runs.ws), tty=tty)
     result = compare_runs([runs.summary(i) for i in runs.ids()])
@@ -386,6 +412,9 @@ def search_ws(tmp_path_factory) -> Path:
 @pytest.mark.slow
 @MODES
 def test_mix_search(search_ws, tty):
+    from ledgerlm.cli.render import device_hours
+    from ledgerlm.ledger.search import search_rows
+
     out = ledgerlm_at(
         "mix", "search", str(TINY), "-w", str(search_ws), "--trials", "3",
         "--proxy", "model.n_layers=1", "--proxy", "train.max_steps=6",
@@ -397,4 +426,6 @@ def test_mix_search(search_ws, tty):
     for trial in record["trials"]:
         values += [f"{trial['weights'].get(d, 0.0):.3f}" for d in record["domains"]]
         values += [f"{v:.4f}" for k, v in trial["metrics"].items() if k.startswith("loss")]
+    for row in search_rows(record["bill"]):  # the search's bill, as ledger show lists it
+        values += [row["group"], fmt_seconds(row["seconds"]), device_hours(row["device_hours"])]
     readable(out, values, prose=("warning", "objective", "predicted", "search wall time"))

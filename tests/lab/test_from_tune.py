@@ -145,8 +145,8 @@ def test_the_study_keeping_its_base_recipe_names_keys_without_the_ledger(tmp_pat
     record["plan"]["base_recipe"] = load_recipe(TINY).to_dict()  # the whole tree
     rec.write_record(ws, record)
     recipe = load_recipe(TINY, ["train.from_tune=tiny-tune", "train.lr=0.5"])
-    with pytest.raises(ValueError, match="train.lr = 0.5, but the study tuned"):
+    with pytest.raises(ValueError, match=r"train.lr = 0.5, but the study tuned"):
         use_tune(recipe, ws)
     recipe = load_recipe(TINY, ["train.from_tune=tiny-tune", "model.d_model=32"])
-    with pytest.raises(ValueError, match="model.d_model differ"):
+    with pytest.raises(ValueError, match=r"model.d_model differ"):
         use_tune(recipe, ws)

@@ -192,6 +192,13 @@ def test_a_failed_point_stays_in_the_sweep(tmp_path):
             assert len(found) == 0 and [why for _, why in found.skipped] == ["status failed"] * n
         event = _event(ledger, ids[1])
         assert event["index"] == 1 and "loss/poetry" in event["failed"]
+        # the sweep's bill: its failed runs, their wall and device time, kept with its plan
+        kept = json.loads(ws.sweep_file("tiny-sweep-000002").read_text())
+        wall = sum(ledger.run_summary(i)["total_seconds"] for i in ids)
+        assert kept["trials"] == ids and kept["seconds"] == pytest.approx(wall) and wall > 0
+        assert kept["bill"]["groups"]["failed"]["trials"] == 2
+        assert kept["device_seconds"] == pytest.approx(kept["bill"]["total"]["device_seconds"])
+        assert sweep_points(ledger, "tiny-sweep-000002", ws).bill == kept["bill"]
     # run again, the sweep continues its failed point in the same ledger run (a restart,
     # as it had no checkpoint), where it fails again: no second run of it
     with pytest.raises(ValueError, match="loss/poetry"):

@@ -100,8 +100,7 @@ def test_the_rows_of_the_table(ledger, trials):
 
 
 def test_a_search_charged_to_a_run_is_a_phase_with_its_bill(ledger, trials, capsys):
-    from ledgerlm.cli.render import search_tables
-    from ledgerlm.cli.ui import console
+    from ledgerlm.cli.render import print_searches
 
     run = ledger.create_run("r", {}, target_metric="loss", target_value=3.0, eval_every=1)
     found = charge("tune", "s[/b]", trials, trial_summaries(ledger, trials), 30.0, 40.0)
@@ -117,9 +116,9 @@ def test_a_search_charged_to_a_run_is_a_phase_with_its_bill(ledger, trials, caps
     assert shown["kind"] == "tune" and shown["seconds"] == pytest.approx(30.0)
     # a search phase of older code (no bill) has no table
     ledger.record_phase(run, "search", 1.0, detail={"search_id": "old", "trials": []})
-    (table,) = search_tables(ledger.run_summary(run))
-    console.print(table)
+    print_searches(ledger.run_summary(run))
     out = capsys.readouterr().out
+    assert out.count(": 6 trials") == 1  # one heading, then its table
     assert "tune study s[/b]: 6 trials" in out  # escaped: printed as itself
     rows = {
         cells[0]: cells[1:]
@@ -130,3 +129,38 @@ def test_a_search_charged_to_a_run_is_a_phase_with_its_bill(ledger, trials, caps
     outside = (40.0 - found["bill"]["trials"]["device_seconds"]) / 3600
     assert rows["outside trials"] == ["", "12.8 s", f"{outside:.3g}"]  # 30 - 17.25 s
     assert json.loads(json.dumps(phase["detail"]))["bill"]["total"]["trials"] == 6
+
+
+def test_a_mixture_search_keeps_its_bill_and_charges_it_to_the_run_using_it(tmp_path):
+    from ledgerlm.config import recipe_from_dict
+    from ledgerlm.lab.mix_search.record import SearchClock
+    from ledgerlm.lab.searches import resolve_searches
+    from ledgerlm.workspace import Workspace, atomic_write_json
+
+    ws = Workspace(tmp_path)
+    with Ledger(ws.ledger_path) as ledger:
+        runs = [_trial(ledger, i, status, secs) for i, (status, secs) in enumerate(TRIALS[:3])]
+    record = {"search_id": "r-mix-abc123", "trials": [{"run": r} for r in runs]}
+    record.update(recommended={"code": 0.5, "math": 0.5}, objective="loss", other_seconds=1.0)
+    SearchClock(record, ws).stamp(record, trial_seconds=15.5)  # as mix search writes it
+    atomic_write_json(ws.search_file("r-mix-abc123"), record)
+    assert record["seconds"] > 16.5  # the trials, the second before and this command's
+    bill = record["bill"]
+    assert bill["groups"]["reached"]["trials"] == 2 and bill["groups"]["not reached"]["trials"] == 1
+    assert bill["total"]["seconds"] == pytest.approx(record["seconds"])
+    assert record["device_seconds"] == pytest.approx(bill["total"]["device_seconds"])
+
+    recipe = recipe_from_dict({"data": {"mixture": {"from_search": "r-mix"}}})
+    with Ledger(ws.ledger_path) as ledger:
+        used, (found,) = resolve_searches(recipe, ws, ledger)
+        run = ledger.create_run("r", used.to_dict(), target_metric="loss", target_value=3.0,
+                                eval_every=1)  # fmt: skip
+        charge_search(ledger, run, found)
+        summary = ledger.run_summary(run)
+    assert used.data.mixture.from_search == "r-mix-abc123"
+    (phase,) = [p for p in summary["phases"] if p["kind"] == "search"]
+    assert phase["seconds"] == pytest.approx(record["seconds"])
+    detail = phase["detail"]
+    assert detail["kind"] == "mix" and detail["trials"] == runs and detail["objective"] == "loss"
+    assert detail["device_seconds"] == pytest.approx(record["device_seconds"])
+    assert detail["bill"]["groups"] == bill["groups"]  # the same runs, summed alike

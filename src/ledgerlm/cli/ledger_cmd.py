@@ -20,7 +20,7 @@ from ledgerlm.cli.render import (
     evaluations_table,
     mixture_table,
     phase_table,
-    search_tables,
+    print_searches,
     target_contract_line,
     target_line,
     test_line,
@@ -100,8 +100,7 @@ def show(
     console.print(phase_table(summary))
     for line in coverage_lines(summary):
         console.print(line, highlight=False)
-    for table in search_tables(summary):  # the searches on the run's bill
-        console.print(table)
+    print_searches(summary)  # the searches on the run's bill
     if found := continued_rows(summary):
         console.print(continued_table(*found))
     for line in warning_lines(summary):

@@ -29,6 +29,7 @@ from ledgerlm.cli.render import (
     funnel_table,
     mixture_table,
     phase_table,
+    print_searches,
     target_contract_line,
     target_line,
     test_line,
@@ -107,6 +108,7 @@ def _print_result(result: RunResult) -> None:
     console.print(evaluations_table(s, limit=8))
     console.print()
     console.print(phase_table(s))
+    print_searches(s)  # the searches the recipe was chosen by, on its bill
     if found := continued_rows(s):
         console.print()
         console.print(continued_table(*found))
@@ -149,6 +151,15 @@ def run(
     recipe: Annotated[Path, typer.Argument(help="Recipe TOML file.")],
     workspace: WorkspaceOpt = DEFAULT_WS,
     set_: SetOpt = None,
+    from_tune: Annotated[
+        str | None,
+        typer.Option(
+            "--from-tune",
+            help="Train the best trial of this finished tuning study of RECIPE (its name, "
+            "a unique prefix or latest), the study charged to the run as a search phase: "
+            "--set train.from_tune=STUDY.",
+        ),
+    ] = None,
     no_verify: NoVerifyOpt = False,
 ) -> None:
     """Run a recipe end to end: prepare data, tokenize, train to the target, record it all.
@@ -159,8 +170,13 @@ def run(
     Data-parallel on N processes (gloo on CPU, nccl on CUDA):
     torchrun --nproc-per-node N -m ledgerlm run RECIPE. Each optimizer update then
     covers N x grad_accum micro-batches, with one global loss denominator.
+
+    A recipe chosen by a search carries it on its bill: --from-tune STUDY (a
+    `ledgerlm tune` study) or --set data.mixture.from_search=ID (a `mix search`) adds a
+    `search` phase with the search's wall and device time and its trials' table.
     """
-    _run(recipe, workspace, set_, verify=not no_verify)
+    overrides = [*(set_ or []), *([f"train.from_tune={from_tune}"] if from_tune else [])]
+    _run(recipe, workspace, overrides, verify=not no_verify)
 
 
 @app.command()

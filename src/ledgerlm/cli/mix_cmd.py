@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 
 from ledgerlm.cli import mix_fit
-from ledgerlm.cli.render import plan_stage_lines, plan_table
+from ledgerlm.cli.render import plan_stage_lines, plan_table, print_search_bill
 from ledgerlm.cli.ui import (
     DEFAULT_WS,
     JsonOpt,
@@ -316,11 +316,18 @@ def print_search(record: dict) -> None:
     )
     predicted = ", ".join(f"{k} {v:.4f}" for k, v in record["predicted"].items())
     console.print(f"predicted: {escape(predicted)}", highlight=False)
+    _print_bill(record)
     console.print(
         f"search wall time {record['seconds']:,.1f} s over {len(record['trials'])} trials; use "
         f"it: --set data.mixture.from_search={escape(record['search_id'])}",
         highlight=False,
     )
+
+
+def _print_bill(record: dict) -> None:
+    """The search's table (its trials by how they ended, wall and device time)."""
+    if record.get("bill"):  # a record of older code has none
+        print_search_bill({"kind": "mix", **record})
 
 
 def print_doremi(record: dict) -> None:
@@ -345,6 +352,7 @@ def print_doremi(record: dict) -> None:
         f"(natural {escape(_weights_line(record['natural']))})",
         highlight=False,
     )
+    _print_bill(record)
     console.print(
         f"reference run {escape(record['reference']['run'])}, proxy run "
         f"{escape(record['proxy_run']['run'])}; search wall time {record['seconds']:,.1f} s; "

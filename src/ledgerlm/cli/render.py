@@ -12,7 +12,7 @@ from typing import Any
 from rich.markup import escape
 
 from ledgerlm.cli.table import FitTable
-from ledgerlm.cli.ui import fmt_g, fmt_seconds
+from ledgerlm.cli.ui import console, fmt_g, fmt_seconds
 from ledgerlm.ledger.events import (
     CONTINUED_PRETRAINING,
     TEST_EVALUATION,
@@ -302,10 +302,12 @@ def device_hours(hours: float) -> str:
     return fmt_g(hours) if hours else "0"
 
 
-def search_table(title: str, bill: dict[str, Any]) -> FitTable:
-    """A search's bill (``ledger.search.search_rows``): per group of trials (reached,
-    not reached, pruned, failed) their count, wall time and device-hours, then all."""
-    t = FitTable(title=escape(title), show_edge=False)
+def search_table(search: dict[str, Any]) -> FitTable:
+    """A search's bill (``search``: its kind, id and bill; ``ledger.search.search_rows``):
+    per group of trials (reached, not reached, pruned, failed) their count, wall time
+    and device-hours, the time around the trials, then all."""
+    bill = search["bill"]
+    t = FitTable(show_edge=False)
     t.add_column("trials")
     for col in ("count", "wall", "device-hours"):
         t.add_column(col, justify="right")
@@ -320,6 +322,14 @@ def search_table(title: str, bill: dict[str, Any]) -> FitTable:
     return t
 
 
-def search_tables(summary: dict[str, Any]) -> list[FitTable]:
-    """The table of each search charged to the run (its ``search`` phases)."""
-    return [search_table(search_title(c), c["bill"]) for c in search_charges(summary)]
+def print_search_bill(search: dict[str, Any]) -> None:
+    """A search's heading (``tune study S: 4 trials``, one line however long its id) and
+    its table: what ``ledger show``, ``run``, ``mix search`` and ``scale run`` print."""
+    console.print(escape(search_title(search)), highlight=False, soft_wrap=True)
+    console.print(search_table(search))
+
+
+def print_searches(summary: dict[str, Any]) -> None:
+    """Each search charged to the run (its ``search`` phases that hold a bill)."""
+    for found in search_charges(summary):
+        print_search_bill(found)

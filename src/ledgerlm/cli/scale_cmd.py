@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 
 from ledgerlm.cli import scale_fit, scale_serving
+from ledgerlm.cli.render import print_search_bill
 from ledgerlm.cli.table import FitTable
 from ledgerlm.cli.ui import (
     DEFAULT_WS,
@@ -223,10 +224,13 @@ def run_cmd(
             "tokens_version": found.versions[0][1] if found.versions else None,
             "points": found.rows(),
             "skipped": found.skipped,
+            "bill": found.bill,
         }
         console.print_json(json.dumps(out))
         return
     console.print(_points_table(found, f"sweep {escape(sweep_id)}"))
+    if found.bill is not None:  # its runs by how they ended, wall and device time
+        print_search_bill({"kind": "sweep", "search_id": sweep_id, "bill": found.bill})
     for run_id, why in found.skipped:
         console.print(f"[red]no point from {escape(run_id)}: {escape(why)}[/]", highlight=False)
     if found.versions:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from ledgerlm.config import Recipe, apply_overrides, recipe_from_dict
-from ledgerlm.lab.mixture import use_search
 from ledgerlm.ledger.compare import flatten
 from ledgerlm.ledger.search import search_bill
 from ledgerlm.ledger.store import Ledger, LedgerError
@@ -229,6 +228,8 @@ def resolve_searches(
 ) -> tuple[Recipe, list[dict[str, Any]]]:
     """The recipe with the searches it names resolved (``use_search``, ``use_tune``), and
     what each costs (``charge``; none without a ledger: only the recipe is wanted)."""
+    from ledgerlm.lab.mixture import use_search  # the token store imports torch
+
     recipe, mixture = use_search(recipe, workspace)
     recipe, study = use_tune(recipe, workspace, ledger)
     charges = []

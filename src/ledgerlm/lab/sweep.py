@@ -8,9 +8,10 @@ version: the first run prepares (or reuses) the data and tokens versions, every 
 run must reuse exactly those. Each run is named ``<sweep id>-<point>`` and gets a
 ``sweep`` event (JSON: sweep id, index, point, overrides, tuning rule, realized N,
 versions), also when it fails. The plan is kept in ``sweeps/<sweep id>.json`` before the
-first point runs, and every point is continued (``lab.resume.continue_run``), so running
-the same sweep again reuses the points that finished and resumes the one that was
-killed. The runner (and so torch) is imported only when a sweep runs; reading points
+first point runs, with the sweep's runs, wall and device time and bill (``ledger.search``)
+brought up to date as each ends, and every point is continued (``lab.resume.continue_run``),
+so running the same sweep again reuses the points that finished and resumes the one that
+was killed. The runner (and so torch) is imported only when a sweep runs; reading points
 back needs neither.
 
 **Reading back.** ``sweep_points`` gives the (N, D, loss) points of a sweep (``find_sweep``:
@@ -32,8 +33,10 @@ from typing import Any
 import numpy as np
 
 from ledgerlm.config import NAME_MAX, NAME_RULE, Recipe, is_name, shown
+from ledgerlm.lab.searches import trial_summaries
 from ledgerlm.lab.status import with_liveness
 from ledgerlm.ledger.events import SWEEP, latest_json
+from ledgerlm.ledger.search import search_bill
 from ledgerlm.ledger.store import Ledger, LedgerError
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.scaling.sweep import (
@@ -99,6 +102,20 @@ def record_plan(
     }
     atomic_write_json(path, plan)
     return plan
+
+
+def stamp_bill(workspace: Workspace, plan: dict[str, Any], run_ids: Sequence[str]) -> None:
+    """The sweep's runs, wall time, device time and bill (``ledger.search.search_bill`` of
+    its points' runs: a sweep's time is its runs'), kept in its plan file."""
+    with Ledger(workspace.ledger_path, read_only=True) as ledger:
+        bill = search_bill(trial_summaries(ledger, run_ids))
+    plan.update(
+        trials=list(run_ids),
+        seconds=bill["total"]["seconds"],
+        device_seconds=bill["total"]["device_seconds"],
+        bill=bill,
+    )
+    atomic_write_json(workspace.sweep_file(plan["sweep_id"]), plan)
 
 
 def read_plan(workspace: Workspace, sweep_id: str) -> dict[str, Any] | None:
@@ -168,7 +185,7 @@ def run_sweep(
     recipes = [p.recipe(base, f"{sweep_id}-{p.name}") for p in points]
     inputs = {r.digest("data", "tokenizer") for r in recipes}
     assert len(inputs) == 1, "sweep points must share the data and tokenizer sections"
-    record_plan(workspace, sweep_id, base, points)
+    kept = record_plan(workspace, sweep_id, base, points)
     run_ids: list[str] = []
     versions: tuple[str, str] | None = None
     with progress.task("sweep", total=len(points)) as task:
@@ -190,6 +207,8 @@ def run_sweep(
                     if failed := _run_by_name(ledger, recipe.name):
                         _record(ledger, failed, {**message, "failed": repr(exc)})
                         run_ids.append(failed)
+                if failed:  # on the sweep's bill too
+                    stamp_bill(workspace, kept, run_ids)
                 if not keep_going or not isinstance(exc, Exception):
                     raise
                 task.advance(1, info=f"{point.name} failed")
@@ -204,6 +223,7 @@ def run_sweep(
                 with Ledger(workspace.ledger_path) as ledger:
                     _record(ledger, run.run_id, message)
             run_ids.append(run.run_id)
+            stamp_bill(workspace, kept, run_ids)
             if versions is None:
                 versions = found
             elif found != versions:
@@ -229,7 +249,8 @@ class SweepPoints:
     sweep with a kept plan, ``planned`` counts its points and ``missing`` lists those with
     no result (point, N, D, the run of its name or None, why).
     ``N_total`` counts every parameter, the token embedding included (it differs from N
-    for an untied embedding); ``lr`` is each run's learning rate.
+    for an untied embedding); ``lr`` is each run's learning rate. ``bill``: what the runs
+    cost (``ledger.search.search_bill``: by how each ended, wall and device time).
     """
 
     N: np.ndarray
@@ -244,6 +265,7 @@ class SweepPoints:
     lr: np.ndarray | None = None
     planned: int | None = None
     missing: list[dict[str, Any]] = field(default_factory=list)
+    bill: dict[str, Any] | None = None
 
     def missing_line(self) -> str | None:
         """What ``missing_line`` says of this sweep's planned points without a result."""
@@ -431,11 +453,13 @@ def sweep_points(
     n, d, loss, runs, skipped, rules, versions = [], [], [], [], [], [], []
     total, lrs = [], []
     names: dict[str, str] = {}
+    summaries = []
     for run_id in run_ids:
         summary = ledger.run_summary(run_id)
         names[run_id] = summary["run"]["name"]
         if workspace is not None:  # a running run whose process died is interrupted
             summary["run"] = with_liveness(workspace, [summary["run"]])[0]
+        summaries.append(summary)
         found = run_point(summary, workspace, metric)
         if isinstance(found, str):
             skipped.append((run_id, found))
@@ -465,6 +489,7 @@ def sweep_points(
         np.asarray(lrs, dtype=np.float64),
         planned,
         missing,
+        search_bill(summaries),
     )
 
 

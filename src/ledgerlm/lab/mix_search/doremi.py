@@ -98,7 +98,7 @@ def doremi_search(
     record = start_record(workspace, search_id, plan)
     if record["complete"]:
         return record
-    clock = SearchClock(record)
+    clock = SearchClock(record, workspace)
     proxied = proxy_recipe(base, proxy)
     ref = continue_run(trial_recipe(proxied, f"{search_id}-ref", "natural"), workspace, progress)
     clock.trained(ref)

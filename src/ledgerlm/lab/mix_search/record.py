@@ -1,6 +1,7 @@
 """A mixture search's plan, its id and its record in ``mixtures/<search id>.json``: the
 record is written before the first trial and as each finishes, with the search's wall
-time (``SearchClock``); each of its runs carries a ``mix_search`` event."""
+time (``SearchClock``), its device time and its bill (``ledger.search``); each of its
+runs carries a ``mix_search`` event."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from typing import Any
 
 from ledgerlm.config import NAME_MAX, NAME_RULE, Recipe, is_name, shown
 from ledgerlm.errors import ArgumentError
+from ledgerlm.lab.searches import trial_summaries
 from ledgerlm.ledger.events import MIX_SEARCH
+from ledgerlm.ledger.search import search_bill
 from ledgerlm.ledger.store import Ledger
 from ledgerlm.workspace import Workspace, atomic_write_json, read_json
 
@@ -84,9 +87,11 @@ class SearchClock:
     """The search's wall time over every command that worked on it: its trials' time as
     the ledger charges each run (a killed run's time up to its last heartbeat included,
     the time between the kill and the resume not), plus the time around them (versions,
-    the fit) that each command spent, as of its last write."""
+    the fit) that each command spent, as of its last write. With the workspace, each
+    stamp also brings the search's device time and bill up to date (``stamp_bill``)."""
 
-    def __init__(self, record: dict[str, Any]) -> None:
+    def __init__(self, record: dict[str, Any], workspace: Workspace | None = None) -> None:
+        self.workspace = workspace
         self.started = time.perf_counter()
         self.before = float(record.get("other_seconds", 0.0))
         self.work = 0.0  # this command's seconds inside the trials it trained
@@ -99,3 +104,15 @@ class SearchClock:
         record.update(
             trial_seconds=trial_seconds, other_seconds=other, seconds=trial_seconds + other
         )
+        if self.workspace is not None:
+            stamp_bill(self.workspace, record)
+
+
+def stamp_bill(workspace: Workspace, record: dict[str, Any]) -> None:
+    """The search's bill (``ledger.search.search_bill``) from its trial runs in the ledger
+    and its wall time, and its device time (the bill's total: the trials' device time,
+    and the time around them on one device), kept in the record beside its seconds."""
+    with Ledger(workspace.ledger_path, read_only=True) as ledger:
+        summaries = trial_summaries(ledger, [t["run"] for t in record["trials"]])
+    bill = search_bill(summaries, seconds=float(record["seconds"]))
+    record.update(device_seconds=bill["total"]["device_seconds"], bill=bill)

@@ -10,7 +10,7 @@ cross-validated, and the mixture minimising the objective among many candidate d
 around the natural mixture is the result: ``loss`` (the overall validation loss),
 ``loss/<domain>``, or ``worst`` (the largest ratio of a domain's predicted loss to its
 baseline loss). The result is kept in ``mixtures/<search id>.json`` with the search's
-wall time (trials and fit).
+wall time (trials and fit), its device time and its bill (``ledger.search``).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def search_mixture(
     Returns (and writes to ``mixtures/<search id>.json``) the search record: id,
     objective, natural mixture, trials (run, weights, final losses, seconds), the
     cross-validated regressions, the recommended mixture with its predicted losses, and
-    the search's wall time. The id is ``search_id`` or the plan's own
+    the search's wall time, device time and bill. The id is ``search_id`` or the plan's own
     (``search_id_of``); the record is written before the first trial and again as each
     trial finishes (atomically, ``complete`` false until the fit), and each trial is
     continued (``lab.resume.continue_run``): running the same search again reuses the
@@ -109,7 +109,7 @@ def search_mixture(
     record = start_record(workspace, search_id, plan)
     if record["complete"]:
         return record
-    clock = SearchClock(record)
+    clock = SearchClock(record, workspace)
     done: list[Trial] = []
     natural: dict[str, float] = {}
     domains: list[str] = []

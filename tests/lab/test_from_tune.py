@@ -101,6 +101,7 @@ def test_the_study_is_charged_with_its_trials_bill(tmp_path):
     }  # fmt: skip
     assert groups["reached"]["seconds"] == pytest.approx(6.0)
     assert detail["bill"]["outside"]["seconds"] == pytest.approx(2.5)
+    assert summary["phase_device_totals"]["search"] == pytest.approx(7.5)  # on the run's bill
 
 
 def test_a_study_still_under_way_is_refused(tmp_path):

@@ -72,6 +72,7 @@ def test_each_group_holds_its_trials_wall_and_device_time(ledger, trials):
 
 def test_a_summary_with_device_time_counts_it_not_its_wall_time(ledger, trials):
     (s,) = trial_summaries(ledger, trials[:1])
+    assert s["device_seconds"] == pytest.approx(5.0)  # recorded before resources: 1 device
     assert search_mod.device_seconds({**s, "device_seconds": 10.0}) == 10.0
     bill = search_bill([{**s, "device_seconds": 10.0}], seconds=6.0, device=12.5)
     assert bill["groups"]["reached"]["device_seconds"] == 10.0
@@ -80,7 +81,7 @@ def test_a_summary_with_device_time_counts_it_not_its_wall_time(ledger, trials):
 
 
 def test_an_interrupted_trial_counts_as_running():
-    s = {"run": {"status": "interrupted"}, "total_seconds": 1.0}
+    s = {"run": {"status": "interrupted"}, "total_seconds": 1.0, "device_seconds": 2.0}
     assert search_bill([s])["groups"]["running"]["trials"] == 1
 
 
@@ -112,6 +113,9 @@ def test_a_search_charged_to_a_run_is_a_phase_with_its_bill(ledger, trials, caps
     assert phase["detail"]["trials"] == trials
     assert phase["detail"]["device_seconds"] == pytest.approx(40.0)
     assert summary["phase_totals"]["search"] == pytest.approx(30.0)
+    # the run's device time holds the search's device time, not its wall x devices
+    assert summary["phase_device_totals"]["search"] == pytest.approx(40.0)
+    assert summary["device_seconds"] == pytest.approx(40.0)
     (shown,) = search_charges(summary)
     assert shown["kind"] == "tune" and shown["seconds"] == pytest.approx(30.0)
     # a search phase of older code (no bill) has no table

@@ -27,10 +27,9 @@ def trial_group(summary: Mapping[str, Any]) -> str:
 
 
 def device_seconds(summary: Mapping[str, Any]) -> float:
-    """A run's device time (wall x devices held, ``summary["device_seconds"]``); a
-    summary of a ledger that keeps no device time counts its wall time on one device."""
-    found = summary.get("device_seconds")
-    return float(summary["total_seconds"] if found is None else found)
+    """A run's device time: every phase's wall x the devices held then
+    (``summary["device_seconds"]``, ``ledger.resources``)."""
+    return float(summary["device_seconds"])
 
 
 def search_bill(

@@ -10,13 +10,17 @@ import pytest
 from cli_runner import TINY, ledgerlm
 from ledgerlm.ledger import Ledger
 from ledgerlm.ledger.compare import (
+    DEVICE_RULE,
     NO_TEST,
     RULE,
     compare_runs,
+    comparison_rows,
     flatten,
     recipe_diff,
     train_step_seconds,
 )
+from ledgerlm.ledger.events import RESOURCES
+from ledgerlm.ledger.resources import held
 from ledgerlm.workspace import Workspace
 from seed_ledger import seed_run
 
@@ -212,6 +216,8 @@ def test_cli_escapes_markup_in_run_names(tmp_path: Path) -> None:
     assert a in out
     assert "execution" in out and "faster" in out
     assert NO_TEST in out
+    # runs recorded before resources: the table and lines of before, no device time
+    assert "device-h" not in out and "device time" not in out
     missing = ledgerlm("ledger", "compare", "nope", "-w", str(tmp_path), check=False)
     assert missing.returncode == 2 and "no run matches 'nope'" in missing.stderr
 
@@ -280,3 +286,51 @@ def test_per_domain_deltas_and_per_domain_targets(ledger: Ledger) -> None:
     assert result["comparisons"][0]["domains"] == rows
     assert result["comparisons"][1]["class"] == "not comparable"  # other per-domain targets
     assert result["comparisons"][1]["reason"] == "different targets"
+
+
+def _held_on(ledger: Ledger, run: str, ranks: int) -> None:
+    """The run's resources, recorded after its seeded phases: they all count them."""
+    ledger.add_event(run, RESOURCES, json.dumps(held("cpu", "x86_64", ranks)))
+
+
+def _faster_on_two(ledger: Ledger) -> tuple[str, str]:
+    a = seed_run(ledger, "a", recipe(), steps=2000, sec_per_step=1.0, cross_step=2000)
+    b = seed_run(ledger, "b", recipe(compile=True), steps=2000, sec_per_step=0.6, cross_step=2000)
+    _held_on(ledger, a, 1)
+    _held_on(ledger, b, 2)  # 1280 s of wall on 2 devices: 2560 device-seconds
+    return a, b
+
+
+def test_device_time_beside_wall_time(ledger: Ledger) -> None:
+    a, b = _faster_on_two(ledger)
+    result = compare_runs([ledger.run_summary(r) for r in (a, b)])
+    assert result["resources_recorded"] is True
+    assert [r["device_seconds_to_target"] for r in result["runs"]] == pytest.approx([2080, 2560])
+    (c,) = result["comparisons"]
+    assert c["seconds_ratio"] == pytest.approx(1280 / 2080)
+    assert c["device_seconds_ratio"] == pytest.approx(2560 / 2080)
+    assert c["device_seconds_delta"] == pytest.approx(480)
+    assert c["wall_device"] == (
+        f"{b} reaches the target 38% sooner in wall time but costs 23% more device time"
+    )
+    hours = [row["device_hours"] for row in comparison_rows(result)]
+    assert hours == pytest.approx([2080 / 3600, 2560 / 3600])
+    flipped = compare_runs([ledger.run_summary(r) for r in (b, a)])["comparisons"][0]
+    assert flipped["wall_device"] == (
+        f"{a} reaches the target 62% later in wall time but costs 19% less device time"
+    )
+    c_ = seed_run(ledger, "c", recipe(), steps=2000, sec_per_step=1.0, cross_step=2000)
+    plain = compare_runs([ledger.run_summary(r) for r in (c_, c_)])
+    assert plain["resources_recorded"] is False
+    assert plain["comparisons"][0]["wall_device"] is None  # the same both ways
+
+
+def test_cli_compare_prints_both_ratios_once_resources_are_recorded(tmp_path: Path) -> None:
+    with Ledger(Workspace(tmp_path).ledger_path) as led:
+        a, b = _faster_on_two(led)
+    out = ledgerlm("ledger", "compare", a, b, "-w", str(tmp_path)).stdout
+    flat = " ".join(out.split())
+    assert "device-h" in out
+    assert "(x0.62 wall time, x1.23 device time)" in flat
+    assert "sooner in wall time but costs 23% more device time" in flat
+    assert " ".join(DEVICE_RULE.split()) in flat

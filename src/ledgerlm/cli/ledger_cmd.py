@@ -20,6 +20,7 @@ from ledgerlm.cli.render import (
     evaluations_table,
     mixture_table,
     phase_table,
+    resources_line,
     print_searches,
     target_contract_line,
     target_line,
@@ -100,6 +101,7 @@ def show(
     console.print(phase_table(summary))
     for line in coverage_lines(summary):
         console.print(line, highlight=False)
+    console.print(escape(resources_line(summary)), highlight=False)
     print_searches(summary)  # the searches on the run's bill
     if found := continued_rows(summary):
         console.print(continued_table(*found))
@@ -174,6 +176,7 @@ def compare(
     the share of prep, tokenize, eval and checkpoint time; runs that differ only by
     train.seed as mean, min-max, std. The rule is printed with the table.
     """
+    from ledgerlm.cli.render import device_hours
     from ledgerlm.cli.ui import fmt_seconds
     from ledgerlm.ledger.compare import TABLE_COLUMNS, compare_runs, comparison_rows, seed_spread
 
@@ -185,7 +188,11 @@ def compare(
         return
 
     t = FitTable(title="time to target, against the first run", show_edge=False)
-    for col in TABLE_COLUMNS:
+    device = result["resources_recorded"]  # device-hours shown once a run recorded them
+    columns = list(TABLE_COLUMNS)
+    if device:
+        columns.insert(columns.index("time to target") + 1, "device-h")
+    for col in columns:
         t.add_column(col, justify="left" if col in ("run", "vs baseline") else "right")
     for row in comparison_rows(result):
         if row["reached"]:
@@ -194,15 +201,32 @@ def compare(
             ttt = f"[red]not reached[/] (final {row['final_value']:.4f})"
         else:
             ttt = "[red]not reached[/]"
+        hours = (
+            []
+            if not device
+            else ["-" if row["device_hours"] is None else device_hours(row["device_hours"])]
+        )
         t.add_row(
-            escape(row["run"]), escape(row["seed"]), ttt, *row["cells"], escape(row["verdict"])
+            escape(row["run"]),
+            escape(row["seed"]),
+            ttt,
+            *hours,
+            *row["cells"],
+            escape(row["verdict"]),
         )
     console.print(t)
     for c in result["comparisons"]:
         line = f"{escape(c['run'])}: [bold]{escape(c['class'])}[/], {escape(c['reason'])}"
         if c.get("seconds_delta") is not None:
             line += f"; {c['seconds_delta']:+,.1f} s to target"
+        if device and c.get("seconds_ratio") and c.get("device_seconds_ratio"):
+            line += (
+                f" (x{c['seconds_ratio']:.2f} wall time, x{c['device_seconds_ratio']:.2f} "
+                "device time)"
+            )
         console.print(line, highlight=False)
+        if c.get("wall_device"):
+            console.print(f"    {escape(c['wall_device'])}", highlight=False)
         for diff in c["recipe_diff"][:8]:
             console.print(f"    {escape(diff)}", highlight=False)
         if len(c["recipe_diff"]) > 8:
@@ -225,6 +249,8 @@ def compare(
         )
     console.print(escape(result["final_figure"]), highlight=False)
     console.print(f"[dim]rule: {escape(result['rule'])}[/]", highlight=False)
+    if device:
+        console.print(f"[dim]{escape(result['device_rule'])}[/]", highlight=False)
 
 
 @app.command("export")

@@ -43,7 +43,42 @@ def _ttt(summary: dict[str, Any]) -> TimeToTarget:
 
 
 def target_line(summary: dict[str, Any]) -> str:
-    return _ttt(summary).describe()
+    """The verdict, with the device time of its bill (and its cost where priced)."""
+    ttt = _ttt(summary)
+    line = ttt.describe()
+    if ttt.reached and ttt.device_hours is not None:
+        line += f" ({device_hours(ttt.device_hours)} device-hours"
+        line += f"; {cost_words(ttt.cost)})" if ttt.cost else ")"
+    return line
+
+
+def cost_words(cost: dict[str, Any]) -> str:
+    """A bill's cost: amount, rate and the price key that matched."""
+    return (
+        f"cost {cost['amount']:,.4g} at {cost['currency_per_device_hour']:g} per "
+        f"device-hour ({cost['key']})"
+    )
+
+
+def resources_line(summary: dict[str, Any]) -> str:
+    """What the run holds now (its latest ``resources`` event) and its device time."""
+    r = summary.get("resources")
+    hours = device_hours(float(summary.get("device_seconds") or 0.0) / 3600.0)
+    if r is None:
+        return f"resources: not recorded (an older run, counted as 1 device): {hours} device-hours"
+    rank = "rank" if r["ranks"] == 1 else "ranks"
+    line = (
+        f"resources: {r['devices']} x {r['device_kind']} ({r['device_name']}), "
+        f"{r['ranks']} {rank} on {r['hosts']} host{'s' if r['hosts'] != 1 else ''}"
+    )
+    if r.get("threads_per_rank"):
+        line += f", {r['threads_per_rank']} thread(s) per rank"
+    if r.get("host_cores"):
+        line += f" of {r['host_cores']} cores"
+    line += f"; {hours} device-hours in all"
+    if price := r.get("price"):
+        line += f" at {price['currency_per_device_hour']:g} per device-hour ({price['key']})"
+    return line
 
 
 def contract(summary: dict[str, Any]) -> dict[str, Any] | None:

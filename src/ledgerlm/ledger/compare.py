@@ -45,6 +45,10 @@ RULE = (
     "difference found there is not the final figure, which is the once-only test-set "
     "score of the final weights (data.test_fraction > 0)."
 )
+DEVICE_RULE = (
+    "device time = wall x devices held (one per rank), phase by phase, by the resources "
+    "each process start recorded; a run recorded before resources counts one device."
+)
 NO_TEST = "final figure: not measured (no test set evaluation)"
 SHARE_KINDS = ("prep", "tokenize", "eval", "checkpoint")
 # Metric names that denote a held-out test split, e.g. "test", "test_loss", "test/loss".
@@ -177,6 +181,11 @@ def run_figures(summary: Mapping[str, Any]) -> dict[str, Any]:
         if ttt["reached"]
         else None,
         "to_target_by_phase": dict(ttt.get("by_phase") or {}),
+        "device_seconds_to_target": finite(ttt.get("device_seconds")) if ttt["reached"] else None,
+        "device_hours_to_target": finite(ttt.get("device_hours")) if ttt["reached"] else None,
+        "cost_to_target": ttt.get("cost") if ttt["reached"] else None,
+        "device_seconds": finite(summary.get("device_seconds")),
+        "resources": summary.get("resources"),
         "total_seconds": total,
         "train_step_seconds": step_s,
         "train_step_updates": step_updates,
@@ -266,6 +275,32 @@ def seed_groups(
     return out
 
 
+def wall_against_device(run: str, wall_ratio: float, device_ratio: float) -> str | None:
+    """One line when a run is sooner in wall time but dearer in device time than the
+    baseline (or later but cheaper); ``None`` when both move the same way."""
+    if wall_ratio < 1 < device_ratio:
+        return (
+            f"{run} reaches the target {(1 - wall_ratio) * 100:.0f}% sooner in wall time "
+            f"but costs {(device_ratio - 1) * 100:.0f}% more device time"
+        )
+    if device_ratio < 1 < wall_ratio:
+        return (
+            f"{run} reaches the target {(wall_ratio - 1) * 100:.0f}% later in wall time "
+            f"but costs {(1 - device_ratio) * 100:.0f}% less device time"
+        )
+    return None
+
+
+def _device_delta(base: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:
+    a, b = base["device_seconds_to_target"], other["device_seconds_to_target"]
+    if a is None or b is None:
+        return {"device_seconds_delta": None, "device_seconds_ratio": None, "wall_device": None}
+    ratio = b / a if a else None
+    wall = other["time_to_target"] / base["time_to_target"] if base["time_to_target"] else None
+    line = None if ratio is None or wall is None else wall_against_device(other["id"], wall, ratio)
+    return {"device_seconds_delta": b - a, "device_seconds_ratio": ratio, "wall_device": line}
+
+
 def _pct(new: float, old: float) -> float | None:
     return (new - old) / old * 100 if old else None
 
@@ -307,6 +342,7 @@ def classify(
             k: other["to_target_by_phase"].get(k, 0.0) - base["to_target_by_phase"].get(k, 0.0)
             for k in dict.fromkeys([*base["to_target_by_phase"], *other["to_target_by_phase"]])
         },
+        **_device_delta(base, other),
     )
     same_steps = other["steps_to_target"] == base["steps_to_target"]
     same_tokens = other["tokens_to_target"] == base["tokens_to_target"]
@@ -367,6 +403,9 @@ def compare_runs(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         )
     return {
         "rule": RULE,
+        "device_rule": DEVICE_RULE,
+        # whether any run recorded its resources: the device-time columns are shown then
+        "resources_recorded": any(f["resources"] for f in figures),
         "baseline": base["id"],
         "final_figure": final,
         "validation_is_tuning_set": True,
@@ -395,7 +434,8 @@ def comparison_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The rows of the comparison table of a ``compare_runs`` result, the baseline first.
 
     Each row holds the run's id and seed (as text), whether it reached the target, its
-    time to target and final value (each renderer words those its own way), ``cells``:
+    time to target, device-hours to target and final value (each renderer words those
+    its own way), ``cells``:
     the text of the columns from ``step`` to ``checkpoint`` (``-`` where unknown), its
     verdict against the baseline (``"baseline"`` for the baseline) and ``comparison``,
     that run's entry of ``result["comparisons"]`` (``None`` for the baseline)."""
@@ -409,6 +449,7 @@ def comparison_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "seed": str(f["seed"]),
                 "reached": f["reached"],
                 "time_to_target": f["time_to_target"],
+                "device_hours": f.get("device_hours_to_target"),
                 "final_value": f.get("final_value"),
                 "cells": [
                     _count(f["steps_to_target"]),

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from .conftest import TINY, ledgerlm
-from .ranks import on_two_ranks, sets, show
+from .ranks import killed_after_checkpoint, on_two_ranks, sets, show
 
 # The updates of one process with twice the accumulation (tests/e2e/test_torchrun.py).
 DDP = sets("train.parallel=ddp")
@@ -63,6 +63,27 @@ def test_two_ranks_hold_twice_the_device_time_of_their_wall(tmp_path):
     text = " ".join(ledgerlm("ledger", "show", ids[0], "-w", str(ws)).stdout.split())
     assert "resources: 2 x cpu" in text and "2 ranks on 1 host" in text
     assert f"{two['time_to_target']['device_hours']:.3g} device-hours" in text
+
+
+@pytest.mark.slow
+def test_a_run_resumed_on_one_rank_charges_its_later_phases_one_device(tmp_path):
+    ws = tmp_path / "ws"
+    run = sets("train.max_steps=12", "train.checkpoint_every=4", "eval.stop_at_target=false")
+    killed_after_checkpoint(["run", str(TINY), "-w", str(ws), *run, *DDP], ws, 4)
+    killed = show(ws)
+    assert killed["run"]["status"] == "interrupted", "the run finished before the kill"
+    ledgerlm("resume", killed["run"]["id"], "-w", str(ws))  # one process now
+    s = show(ws)
+    held = [json.loads(e["message"]) for e in s["events"] if e["kind"] == "resources"]
+    assert [r["ranks"] for r in held] == [2, 1] and s["resources"]["devices"] == 1
+    (restore,) = [i for i, p in enumerate(s["phases"]) if p["detail"].get("resume")]
+    before, after = s["phases"][:restore], s["phases"][restore:]
+    for phases, devices in ((before, 2), (after, 1)):
+        for p in phases:
+            assert p["device_seconds"] == pytest.approx(devices * p["seconds"], TOLERANCE)
+    wall = sum(2 * p["seconds"] for p in before) + sum(p["seconds"] for p in after)
+    assert s["device_seconds"] == pytest.approx(wall, TOLERANCE)
+    assert s["steps_recorded"]["updates"] == 12
 
 
 def test_a_device_time_budget_stops_a_run_as_not_reached(tmp_path):

@@ -113,8 +113,8 @@ def resume_run(
             # The wall- and device-time budgets count the work recorded so far, not the
             # time between the kill and this resume.
             so_far = ledger.run_summary(run_id)
-            before = (so_far["total_seconds"], so_far["device_seconds"])
-            started_at = time.time() - before[0]
+            spent = (so_far["total_seconds"], so_far["device_seconds"])
+            started_at = time.time() - spent[0]
             with failing(recorder):
                 ph = recorder.start("restore", resume=True, restart=restart)
                 recipe = load_recipe(run_dir / "recipe.toml")
@@ -163,7 +163,7 @@ def resume_run(
                     test=sets.test,
                     resumed=saved["trainer"] if saved else None,
                     more=callbacks,
-                    before=before,
+                    before=spent,
                 )
         summary = ledger.run_summary(run_id)
     finally:

@@ -193,3 +193,17 @@ def test_cost_prices_device_hours_and_the_device_time_budget_is_in_the_contract(
     prices = Recipe.model_fields["cost"].annotation.model_fields["per_device_hour"]
     budget = Recipe.model_fields["eval"].annotation.model_fields["budget_device_hours"]
     assert "device-hour" in prices.description and "device-hours" in budget.description
+
+
+def test_the_test_split_is_whole_by_default_and_its_cap_is_in_the_contract(tmp_path):
+    p = _write(tmp_path, "[eval]\nmax_tokens = 1024\n")
+    assert load_recipe(p).eval.test_max_tokens == 0
+    assert load_recipe(p).eval.contract()["test_max_tokens"] is None  # the whole split
+    r = load_recipe(p, ["eval.test_max_tokens=4096"])
+    assert r.eval.contract()["test_max_tokens"] == 4096
+    assert r.eval.contract()["val_max_tokens"] == 1024
+    assert load_recipe(_write(tmp_path, recipe_to_toml(r))) == r
+    with pytest.raises(RecipeError, match=r"eval\.test_max_tokens"):
+        load_recipe(p, ["eval.test_max_tokens=-1"])
+    cap = Recipe.model_fields["eval"].annotation.model_fields["test_max_tokens"]
+    assert "0 = the whole test split" in cap.description

@@ -773,6 +773,12 @@ class EvalConfig(_Section):
         "(replaces every_steps when > 0).",
     )
     max_tokens: int = Field(65_536, ge=16, description="Size of the fixed validation token set.")
+    test_max_tokens: int = Field(
+        0,
+        ge=0,
+        description="Tokens of the test split scored after training, shared by domain as "
+        "max_tokens is; 0 = the whole test split.",
+    )
     metric: str = Field(
         "loss",
         pattern=r"^loss(/[^/\s]+)?$",
@@ -863,6 +869,7 @@ class EvalConfig(_Section):
             "every_steps": None if self.every_tokens else self.every_steps,
             "every_tokens": self.every_tokens or None,
             "val_max_tokens": self.max_tokens,
+            "test_max_tokens": self.test_max_tokens or None,
             "budget_tokens": self.budget_tokens or None,
             "budget_seconds": self.budget_seconds or None,
             "budget_device_hours": self.budget_device_hours or None,

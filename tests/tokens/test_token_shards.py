@@ -153,18 +153,30 @@ def test_a_test_split_reaches_the_token_store_and_test_batches(tmp_path):
     assert {r["shard"] for r in index if r["split"] == "test"} == {"test.bin"}
     assert len(store.split_docs("test")["length"]) == counts["by_split"]["test"]
 
-    pack, ecfg = PackConfig(seq_len=32), EvalConfig(max_tokens=600)
+    pack, ecfg = PackConfig(seq_len=32), EvalConfig(max_tokens=600, test_max_tokens=400)
+    # by default the whole split: every test document, every pair of its tokens a
+    # target but where a row ends inside it
+    reads_whole = _Reads(store)
+    whole = test_batches(reads_whole, pack, EvalConfig(max_tokens=600), 4)
+    assert sorted(reads_whole.read) == sorted(test_ids)
+    docs = store.split_docs("test")
+    pairs = int(docs["length"].sum()) + len(docs["length"])  # BOS..EOS: length + 1 each
+    rows = sum(len(b.input_ids) for b in whole)
+    assert pairs - rows < sum(b.num_targets for b in whole) <= pairs
     reads_test, reads_val = _Reads(store), _Reads(store)
     test = test_batches(reads_test, pack, ecfg, 4)
     val = validation_batches(reads_val, pack, ecfg, 4)
     assert test and sum(b.num_targets for b in test) > 0 and val
-    assert sum(int(b.valid.sum()) for b in test) <= ecfg.max_tokens + pack.seq_len
+    assert sum(int(b.valid.sum()) for b in test) <= ecfg.test_max_tokens + pack.seq_len
+    assert sum(b.num_targets for b in test) < sum(b.num_targets for b in whole)
     assert reads_test.read and set(reads_test.read) <= test_ids
     assert reads_val.read
     assert set(reads_val.read) <= {d for d, s in split_of_doc.items() if s == "val"}
     assert not set(reads_test.read) & set(reads_val.read)
-    # packed exactly like the validation set: the same builder over the test documents
-    same = validation_batches(_Reads(store, {"val": "test"}), pack, ecfg, 4)
+    # capped and packed exactly like the validation set: the same builder, max_tokens
+    # shared by domain, over the test documents
+    capped = EvalConfig(max_tokens=ecfg.test_max_tokens)
+    same = validation_batches(_Reads(store, {"val": "test"}), pack, capped, 4)
     assert len(same) == len(test)
     for a, b in zip(same, test, strict=True):
         for field in dataclasses.fields(a):

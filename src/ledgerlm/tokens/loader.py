@@ -484,15 +484,16 @@ def train_batches(
 
 
 def _held_out_batches(
-    store: TokenStore, pack: PackConfig, cfg: EvalConfig, batch_rows: int, split: str
+    store: TokenStore, pack: PackConfig, max_tokens: int, batch_rows: int, split: str
 ) -> list[Batch]:
-    """One split packed in index order (no shuffling), ``max_tokens`` shared by domain;
-    [] when the split has no documents."""
+    """One split packed in index order (no shuffling), ``max_tokens`` shared by domain
+    (0: every document whole); [] when the split has no documents."""
     docs = store.split_docs(split)
     if len(docs["length"]) == 0:
         return []
     domains = np.unique(docs["domain"])
-    per_domain = cfg.max_tokens // max(len(domains), 1)
+    whole = int(docs["length"].sum()) + 2 * len(docs["length"])  # every token, BOS/EOS
+    per_domain = max_tokens // max(len(domains), 1) if max_tokens else whole
 
     def capped():
         # Every domain gets an equal share of the budget, so each per-domain loss is
@@ -523,7 +524,7 @@ def validation_batches(
     same targets; the last row is padded and its padding marked invalid. An empty
     val split is an error.
     """
-    out = _held_out_batches(store, pack, cfg, batch_rows, "val")
+    out = _held_out_batches(store, pack, cfg.max_tokens, batch_rows, "val")
     if not out:
         raise ValueError("validation split has no supervised targets")
     return out
@@ -532,11 +533,14 @@ def validation_batches(
 def test_batches(
     store: TokenStore, pack: PackConfig, cfg: EvalConfig, batch_rows: int
 ) -> list[Batch]:
-    """The test split, packed exactly like ``validation_batches`` (index order, the same
-    per-domain share of ``eval.max_tokens``); [] when the split is empty
-    (``data.test_fraction = 0``). Meant to be scored once, after training.
+    """The test split, packed like ``validation_batches`` (index order): the whole split
+    by default (``eval.test_max_tokens = 0``), else that many tokens shared by domain as
+    ``eval.max_tokens`` is for validation; [] when the split is empty
+    (``data.test_fraction = 0``). Scored after training only (``EvalCallback.score_test``).
+    The batches are host tensors, about 40 bytes per token; the device holds a chunk of
+    them at a time while they are scored.
     """
-    return _held_out_batches(store, pack, cfg, batch_rows, "test")
+    return _held_out_batches(store, pack, cfg.test_max_tokens, batch_rows, "test")
 
 
 # Its name starts with "test": keep pytest from collecting it where a test module imports it.

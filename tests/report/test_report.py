@@ -5,6 +5,7 @@ bars, size, and a real browser."""
 from __future__ import annotations
 
 import html
+import json
 import math
 import re
 from functools import partial
@@ -16,6 +17,8 @@ from cli_runner import ledgerlm
 from finite import assert_finite
 from ledgerlm.ledger import Ledger
 from ledgerlm.ledger.compare import NO_TEST, RULE
+from ledgerlm.ledger.events import RESOURCES
+from ledgerlm.ledger.resources import held
 from ledgerlm.report.plots import LOG_TICKS, lines
 from ledgerlm.report.run.labels import recipe_labels
 from ledgerlm.report.run.page import render_report
@@ -649,3 +652,22 @@ def squash(text: str) -> str:
     """``text`` without its whitespace: a wrapped label reads back without the spaces it
     was broken at."""
     return "".join(text.split())
+
+
+def test_device_hours_beside_wall_time(page: str, tmp_path) -> None:
+    assert "(resources not recorded: 1 device)" in page  # runs recorded before resources
+    assert "<th>device-hours</th>" in page
+    with Ledger(tmp_path / "ledger.db") as led:
+        base = {"train": {"seed": 0}}
+        a = seed_run(led, "a", base, steps=2000, sec_per_step=1.0, cross_step=2000)
+        b = seed_run(led, "b", {"train": {"seed": 0, "compile": True}}, steps=2000,
+                     sec_per_step=0.6, cross_step=2000)  # fmt: skip
+        price = {"currency_per_device_hour": 3.6, "key": "cpu"}
+        for run, ranks in ((a, 1), (b, 2)):
+            message = held("cpu", "x86_64", ranks, price=price)
+            led.add_event(run, RESOURCES, json.dumps(message))
+        text = render_report([led.run_summary(r) for r in (a, b)])
+    # 1280 s on 2 devices: 2560 device-seconds against 2080 on one
+    assert "<td>0.578</td>" in text and "<td>0.711</td>" in text
+    assert "0.711 device-hours to target on 2 x cpu (x86_64), cost 2.56 at 3.6/device-hour" in text
+    assert "38% sooner in wall time but costs 23% more device time" in text

@@ -38,6 +38,7 @@ def _run_list(summaries: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> 
             if ttt["reached"]
             else "target NOT reached"
         )
+        verdict += device_words(s)
         last = s["evaluations"][-1]["metrics"] if s["evaluations"] else {}
         if finite(last.get("bpb")) is not None:  # comparable across tokenizers
             verdict += f"; final validation {last['bpb']:.4f} bits per byte"
@@ -47,6 +48,27 @@ def _run_list(summaries: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> 
             f"{e(format(r['target_value'], 'g'))} {e(target_unit(s))}; {e(verdict)}</li>"
         )
     return f"<ul class='runs'>{''.join(items)}</ul>"
+
+
+def device_words(s: Mapping[str, Any]) -> str:
+    """The device time of a run's bill and what it held (``ledger.resources``)."""
+    ttt, held = s["time_to_target"], s.get("resources")
+    hours = ttt.get("device_hours") if ttt["reached"] else None
+    if hours is None:
+        hours = finite(s.get("device_seconds"))
+        hours = None if hours is None else hours / 3600
+        what = "device-hours in all"
+    else:
+        what = "device-hours to target"
+    words = "" if hours is None else f", {hours:.3g} {what}"
+    if held:
+        words += f" on {held['devices']} x {held['device_kind']} ({held['device_name']})"
+    else:
+        words += " (resources not recorded: 1 device)"
+    cost = ttt.get("cost") if ttt["reached"] else None
+    if cost:
+        words += f", cost {cost['amount']:,.4g} at {cost['currency_per_device_hour']:g}/device-hour"
+    return words
 
 
 def render_report(

@@ -32,8 +32,10 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "compa
 
 
 def comparison_html(result: Mapping[str, Any]) -> str:
-    """The table of ``ledger compare`` (``comparison_rows``), with why each run is
-    classed as it is, then the seed groups, the final figure and the rule."""
+    """The table of ``ledger compare`` (``comparison_rows``) with the device-hours to
+    target beside the wall time, why each run is classed as it is (and whether it is
+    sooner in wall time but dearer in device time), then the seed groups, the final
+    figure and the rules."""
     rows = []
     for i, row in enumerate(comparison_rows(result)):
         c = row["comparison"]
@@ -44,6 +46,8 @@ def comparison_html(result: Mapping[str, Any]) -> str:
         else:
             ttt = "not reached"
         why = "" if c is None else c["reason"]
+        if c is not None and c.get("wall_device"):
+            why += "; " + c["wall_device"]
         if c is not None and c["recipe_diff"]:
             why += "; recipe: " + "; ".join(c["recipe_diff"][:6])
             if len(c["recipe_diff"]) > 6:
@@ -53,6 +57,7 @@ def comparison_html(result: Mapping[str, Any]) -> str:
                 swatch(i) + e(row["run"]),
                 e(row["seed"]),
                 e(ttt),
+                _num(row["device_hours"], ".3g"),
                 *(e(cell) for cell in row["cells"]),
                 e(row["verdict"]),
                 e(why),
@@ -67,11 +72,13 @@ def comparison_html(result: Mapping[str, Any]) -> str:
             f"<li>{e(', '.join(g['runs']))} (seeds {e(seeds)}): reached "
             f"{g['n_reached']}/{g['n']}; {e(seed_spread(g))}</li>"
         )
-    out = _table((*TABLE_COLUMNS, "why"), rows)
+    head = list(TABLE_COLUMNS)
+    head.insert(head.index("time to target") + 1, "device-hours")
+    out = _table((*head, "why"), rows)
     if groups:
         out += "<h3>Seed groups</h3><ul>" + "".join(groups) + "</ul>"
     out += f'<p class="final">{e(result["final_figure"])}</p>'
-    out += f'<p class="rule"><b>Rule.</b> {e(result["rule"])}</p>'
+    out += f'<p class="rule"><b>Rule.</b> {e(result["rule"])} {e(result["device_rule"])}</p>'
     return out
 
 

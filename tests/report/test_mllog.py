@@ -136,6 +136,22 @@ def test_a_reached_run_stops_at_its_confirming_evaluation(reached_log):
     assert stop["metadata"]["evaluations_after_target"] == 2
     assert stop["time_ms"] == accuracies[-1]["time_ms"]
     assert summary["time_to_target"]["step"] == 30
+    # the ledger's bill in wall and device time (a run recorded before resources: 1 device)
+    ttt = summary["time_to_target"]
+    assert stop["metadata"]["ledger_time_to_target_s"] == ttt["seconds"]
+    assert stop["metadata"]["ledger_device_seconds_to_target"] == ttt["device_seconds"]
+    assert ttt["device_seconds"] == pytest.approx(ttt["seconds"])
+
+
+def test_run_stop_carries_the_device_time_of_the_bill(reached_log, tmp_path):
+    summary, _ = reached_log
+    on_two = {**summary, "resources": {**(summary["resources"] or {}), "devices": 2}}
+    ttt = summary["time_to_target"]
+    on_two["time_to_target"] = {**ttt, "device_seconds": 2 * ttt["seconds"]}
+    (stop,) = keyed(read(export_mllog(on_two, tmp_path / "two.txt")), "run_stop")
+    assert stop["metadata"]["ledger_devices"] == 2
+    assert stop["metadata"]["ledger_device_seconds_to_target"] == 2 * ttt["seconds"]
+    assert stop["metadata"]["ledger_time_to_target_s"] == ttt["seconds"]
 
 
 def test_the_log_is_timed_by_the_ledger(reached_log):
@@ -405,6 +421,9 @@ def test_a_real_reached_run_exports_a_compliant_log(workspace, tiny_reached, tmp
     records = read(out)
     (stop,) = keyed(records, "run_stop")
     assert stop["metadata"]["status"] == "success"
+    assert stop["metadata"]["ledger_devices"] == 1  # one process: one device, its wall
+    device = stop["metadata"]["ledger_device_seconds_to_target"]
+    assert device == pytest.approx(stop["metadata"]["ledger_time_to_target_s"]) and device > 0
     assert keyed(records, "eval_accuracy")[-1]["value"] <= 100.0
     assert keyed(records, "max_steps")[0]["value"] == 10
     ok = _official_checker(out, tmp_path / "cc.log")

@@ -25,7 +25,10 @@ of them. Samples are sequences: ``samples_count`` = updates x ``global_batch_siz
 
 MLPerf's score (``run_stop - run_start``) leaves init out and counts wall time,
 restarts of a resumed run included; the ledger's time-to-target sums phase seconds
-from the first one. ``run_stop`` carries the latter as ``ledger_time_to_target_s``.
+from the first one. ``run_stop`` carries the latter as ``ledger_time_to_target_s``,
+its device time (wall x devices held, ``ledger.resources``) as
+``ledger_device_seconds_to_target`` and the devices the run held last as
+``ledger_devices`` (``None`` for a run recorded before resources were).
 
 ``mlperf_rules/ledgerlm.yaml`` holds the compliance rules for this benchmark;
 ``check_mllog`` runs the package's compliance checker with them.
@@ -254,6 +257,8 @@ def mllog_events(summary: Mapping[str, Any]) -> list[MLEvent]:
         status=status,
         ledger_status=run["status"],
         ledger_time_to_target_s=verdict.get("seconds"),
+        ledger_device_seconds_to_target=verdict.get("device_seconds"),
+        ledger_devices=(summary.get("resources") or {}).get("devices"),
         evaluations_after_target=omitted,
     )
     return events

@@ -68,4 +68,6 @@ for sink in tensorboard mlflow wandb; do
 done
 expect_extra tensorboard "$BIN/ledgerlm" ledger export latest --to tensorboard "$ROOT/tb"
 test ! -e "$ROOT/tb"
+expect_extra tune "$BIN/ledgerlm" tune "$RECIPE" --param 'train.lr=log:1e-4:3e-2' --trials 2
+test ! -e "$LEDGERLM_WORKSPACE/tune"
 echo "runtime-only install: every check passed"

@@ -22,6 +22,7 @@ from ledgerlm.cli.render import (
     phase_table,
     resources_line,
     print_searches,
+    stop_line,
     target_contract_line,
     target_line,
     test_line,
@@ -108,6 +109,8 @@ def show(
     for line in warning_lines(summary):
         console.print(escape(line), highlight=False, soft_wrap=True)
     console.print(escape(target_contract_line(summary)))
+    if line := stop_line(summary):
+        console.print(escape(line))
     if line := test_line(summary):
         console.print(escape(line))
     console.print(escape(target_line(summary)))

@@ -7,6 +7,7 @@ them escaped."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from rich.markup import escape
@@ -15,7 +16,10 @@ from ledgerlm.cli.table import FitTable
 from ledgerlm.cli.ui import console, fmt_g, fmt_seconds
 from ledgerlm.ledger.events import (
     CONTINUED_PRETRAINING,
+    EARLY_STOP,
     TEST_EVALUATION,
+    TRAIN_END,
+    latest,
     latest_json,
     target_contract,
     warnings,
@@ -215,6 +219,36 @@ def target_contract_line(summary: dict[str, Any]) -> str:
     ]
     if any(budget):
         line += "; budget " + " and ".join(b for b in budget if b)
+    plan = [
+        f"patience {c['patience']}" if c.get("patience") else "",
+        f"min_delta {c['min_delta']:g}" if c.get("patience") and c.get("min_delta") else "",
+        "projection" if c.get("project") else "",
+    ]
+    if any(plan):
+        line += "; stopping plan: " + ", ".join(p for p in plan if p)
+    return line
+
+
+def stop_line(summary: dict[str, Any]) -> str | None:
+    """Why training stopped (the latest ``train_end`` event); when a stop rule ended the
+    run there, what it found: the best evaluation, or the projection at the budget."""
+    end = latest(summary, TRAIN_END)
+    if end is None:
+        return None
+    line = f"training stopped at step {end['step']}: {end['message']}"
+    stop = latest(summary, EARLY_STOP)
+    if stop is None or stop["step"] != end["step"]:
+        return line
+    d = json.loads(stop["message"])
+    if d.get("rule") == "project":
+        low, high = d["interval"]
+        line += (
+            f"; {d['metric']} projected {d['projected']:.3f} at {d['budget_tokens']:,} tokens"
+            f" ({d['level']:.0%} interval {low:.3f} to {high:.3f}, target {d['threshold']:.3f};"
+            f" from {len(d['points'])} evaluations)"
+        )
+    elif d.get("rule") == "patience":
+        line += f"; best {d['metric']} {d['best']:.3f} at step {d['best_step']}"
     return line
 
 

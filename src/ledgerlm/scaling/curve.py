@@ -67,7 +67,8 @@ class CurveFit:
 @dataclass(frozen=True)
 class Projection:
     """The fitted curve at ``tokens``: the fit's value and the bootstrap's ``level``
-    percentile interval, ``converged`` only when the fit and its resamples did."""
+    percentile interval, ``converged`` only when the fit and its resamples did. Its
+    ``to_dict`` (the ``early_stop`` event's detail) leaves the tokens to the caller."""
 
     fit: CurveFit
     tokens: int
@@ -81,7 +82,6 @@ class Projection:
     def to_dict(self) -> dict[str, object]:
         return {
             "fit": self.fit.to_dict(),
-            "tokens": self.tokens,
             "projected": self.loss,
             "interval": [self.low, self.high],
             "level": self.level,

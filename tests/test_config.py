@@ -1,4 +1,5 @@
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,21 @@ def test_the_test_split_is_whole_by_default_and_its_cap_is_in_the_contract(tmp_p
         load_recipe(p, ["eval.test_max_tokens=-1"])
     cap = Recipe.model_fields["eval"].annotation.model_fields["test_max_tokens"]
     assert "0 = the whole test split" in cap.description
+
+
+def test_the_stopping_plan_is_off_by_default_and_in_the_contract(tmp_path):
+    p = _write(tmp_path, "[eval]\ntarget_loss = 3.0\n")
+    r = load_recipe(p)
+    assert (r.eval.patience, r.eval.min_delta, r.eval.project) == (0, 0.0, False)
+    assert r.unused_settings()["eval.min_delta"] == "patience is 0"
+    r = load_recipe(p, ["eval.patience=3", "eval.min_delta=0.01", "eval.project=true"])
+    assert "eval.min_delta" not in r.unused_settings()
+    c = r.eval.contract()
+    assert (c["patience"], c["min_delta"], c["project"]) == (3, 0.01, True)
+    assert load_recipe(_write(tmp_path, recipe_to_toml(r))) == r
+    for bad in ("eval.patience=-1", "eval.min_delta=-0.1", "eval.project=maybe"):
+        with pytest.raises(RecipeError, match=re.escape(bad.split("=")[0])):
+            load_recipe(p, [bad])
+    fields = Recipe.model_fields["eval"].annotation.model_fields
+    assert "0 = off" in fields["patience"].description
+    assert "95% interval" in fields["project"].description

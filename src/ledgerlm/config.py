@@ -971,6 +971,7 @@ class Recipe(_Section):
         ]
         rules = {
             "eval.target_loss": (self.eval.target_bpb is not None, "target_bpb is set"),
+            "eval.min_delta": (self.eval.patience == 0, "patience is 0"),
             "data.builtin": (not any(i.is_builtin() for i in inputs), "no source is builtin"),
             "train.muon_lr": (t.optimizer != "muon", f"optimizer is {t.optimizer}"),
             "train.decay_fraction": (t.schedule != "wsd", f"schedule is {t.schedule}"),

@@ -181,6 +181,10 @@ def test_tensorboard_holds_every_update_and_evaluation_of_the_ledger(live):
     _check_scalars(_scalars(logs), live["steps"], live["summary"]["evaluations"])
     walltimes = _walltimes(logs)
     assert walltimes["train/loss"] == [r["at"] for r in live["steps"]]
+    # the run's bill, sent as it closed: wall and device seconds at its last step
+    scalars, summary = _scalars(logs), live["summary"]
+    assert scalars["ledger/wall_seconds"] == [(4, *float32([summary["total_seconds"]]))]
+    assert scalars["ledger/device_seconds"] == [(4, *float32([summary["device_seconds"]]))]
     assert not events(live["summary"], "sink_failed")
     (spent,) = events(live["summary"], "sinks")
     assert set(json.loads(spent["message"])["seconds"]) == {"tensorboard", "mlflow", "wandb"}
@@ -204,6 +208,7 @@ def test_mlflow_holds_a_run_named_by_the_ledger_run(live, monkeypatch):
     val = client.get_metric_history(run.info.run_id, "val_domain/bpb/math")
     evaluations = live["summary"]["evaluations"]
     assert [m.value for m in val] == [e["metrics"]["bpb/math"] for e in evaluations]
+    assert run.data.metrics["ledger/device_seconds"] == live["summary"]["device_seconds"]
 
 
 def test_wandb_offline_run_holds_the_history_and_the_recipe(live):

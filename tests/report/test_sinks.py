@@ -56,6 +56,7 @@ class Keeping:
         self.steps: list[dict] = []
         self.evaluations: list[dict] = []
         self.flushes, self.closed = 0, None
+        self.summary: tuple[dict, int] | None = None
 
     def log_params(self, params: dict) -> None:
         self.params = params
@@ -65,6 +66,9 @@ class Keeping:
 
     def log_evaluation(self, record: dict) -> None:
         self.evaluations.append(record)
+
+    def log_summary(self, values: dict, step: int, at: float | None) -> None:
+        self.summary = (values, step)
 
     def flush(self) -> None:
         self.flushes += 1
@@ -163,6 +167,12 @@ def test_a_failing_sink_is_one_event_and_dropped_while_the_others_get_everything
     assert keeping.steps == ledger_steps and len(keeping.steps) == len(ROWS)
     assert [e["step"] for e in keeping.evaluations] == [3, 6]
     assert keeping.params == RECIPE and keeping.closed == "not reached"
+    # and, before it closed, the run's bill: wall and device seconds (one device here)
+    values, step = keeping.summary
+    assert step == 6 and values == {
+        "ledger/wall_seconds": pytest.approx(summary["total_seconds"]),
+        "ledger/device_seconds": pytest.approx(summary["device_seconds"]),
+    }  # not reached: no time-to-target
     assert breaking.closed is None and len(breaking.steps) == 2  # dropped, never called again
     (spent,) = [json.loads(e["message"]) for e in summary["events"] if e["kind"] == "sinks"]
     assert set(spent["seconds"]) == {"keeping", "breaking", "refusing"}

@@ -31,7 +31,7 @@ from typing import Any
 from ledgerlm.ledger import events
 from ledgerlm.ledger.clock import PhaseClock
 from ledgerlm.ledger.store import Ledger, LedgerBusyError, OpenPhase
-from ledgerlm.report.sinks import SinkSet, failure_line
+from ledgerlm.report.sinks import SinkSet, failure_line, final_scalars
 from ledgerlm.train.record import Recorder
 
 MAX_ROWS = 100_000  # per-update rows kept in memory while the ledger is held
@@ -275,18 +275,21 @@ class LedgerRecorder(Recorder):
         )
 
     def close(self) -> None:
-        """Close the run's sinks, however the run ended: each gets the run's status in the
+        """Close the run's sinks, however the run ended: each gets the run's final wall
+        and device seconds (``report.sinks.final_scalars``) and its status in the
         ledger, and a ``sinks`` event keeps the seconds each one cost. Never raises: it
         runs while an error may be on its way out."""
         sinks = self.sinks
         if not sinks and not sinks.seconds:
             return
+        final = None
         try:
-            status = self.ledger.run_summary(self.run_id)["run"]["status"]
+            summary = self.ledger.run_summary(self.run_id)
+            status, final = summary["run"]["status"], final_scalars(summary)
         except Exception:
             status = "failed"  # the ledger cannot say; the run did not end well
         try:
-            sinks.close(status)
+            sinks.close(status, final)
             spent = {name: round(s, 6) for name, s in sinks.seconds.items()}
             self.ledger.add_event(self.run_id, events.SINKS, json.dumps({"seconds": spent}))
         except Exception:

@@ -31,6 +31,7 @@ from ledgerlm.report.sinks import (
     WandbSink,
     check_sink,
     failure_line,
+    final_scalars,
 )
 from ledgerlm.workspace import Workspace
 
@@ -100,8 +101,8 @@ def open_sinks(recorder: LedgerRecorder, recipe: Recipe, run_dir: Path) -> None:
 
 def replay(ledger: Ledger, run_id: str, sink: Sink) -> dict[str, int]:
     """Send ``sink`` the run's recipe, then its updates and evaluations in step order (an
-    evaluation after the update it follows), each with its time in the ledger; the
-    counts sent."""
+    evaluation after the update it follows), each with its time in the ledger, then its
+    final wall and device seconds (``final_scalars``) at its end; the counts sent."""
     summary = ledger.run_summary(run_id)
     sink.log_params(settings_in_effect(summary["run"]["recipe"]))
     rows, evaluations = ledger.steps(run_id), summary["evaluations"]
@@ -116,6 +117,8 @@ def replay(ledger: Ledger, run_id: str, sink: Sink) -> dict[str, int]:
             sink.log_step(rows[i])
         else:
             sink.log_evaluation(evaluations[i])
+    values, step = final_scalars(summary)
+    sink.log_summary(values, step, run_span(summary)[1])
     sink.flush()
     return {"steps": len(rows), "evaluations": len(evaluations)}
 

@@ -18,7 +18,11 @@ Names are the same in every sink, with the optimizer step as x:
   not also be a folder. A metric that failed to compute (null in the ledger) is left
   out;
 - the recipe's settings in effect as parameters: dotted keys (``train.lr``) for MLflow
-  and in a TensorBoard text panel, the nested tree as W&B's config.
+  and in a TensorBoard text panel, the nested tree as W&B's config;
+- when the run ends, its bill (``final_scalars``): ``ledger/wall_seconds`` and
+  ``ledger/device_seconds`` (wall x devices held) of every phase and, when the target
+  was confirmed, ``ledger/time_to_target_s`` and ``ledger/device_seconds_to_target``; at
+  the run's last step in TensorBoard and MLflow, in W&B's run summary.
 
 Every point carries the wall time the ledger holds for it: an update's end (its row's
 ``at``), an evaluation's ``created_at`` when replayed; a replayed MLflow run starts and
@@ -86,6 +90,9 @@ class Sink(Protocol):
     def log_evaluation(self, record: dict[str, Any]) -> None:
         """One evaluation: ``step`` and ``metrics`` (and ``created_at`` when replayed)."""
 
+    def log_summary(self, values: dict[str, float], step: int, at: float | None) -> None:
+        """The run's final figures (``final_scalars``) at its last ``step``."""
+
     def flush(self) -> None:
         """Send what is buffered."""
 
@@ -142,6 +149,22 @@ def evaluation_scalars(record: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def final_scalars(summary: dict[str, Any]) -> tuple[dict[str, float], int]:
+    """A run's bill for its sinks' summary: wall and device seconds of all its phases and,
+    when the target was confirmed, of its time-to-target; with the run's last step."""
+    ttt = summary["time_to_target"]
+    reached = bool(ttt.get("reached"))
+    values = {
+        "ledger/wall_seconds": summary.get("total_seconds"),
+        "ledger/device_seconds": summary.get("device_seconds"),
+        "ledger/time_to_target_s": ttt.get("seconds") if reached else None,
+        "ledger/device_seconds_to_target": ttt.get("device_seconds") if reached else None,
+    }
+    steps = [int(e["step"]) for e in summary.get("evaluations") or []]
+    step = max([*steps, int((summary.get("steps_recorded") or {}).get("updates") or 0)])
+    return {k: float(v) for k, v in values.items() if v is not None}, step
+
+
 def _chunks(items: list[Any], n: int) -> Iterator[list[Any]]:
     for i in range(0, len(items), n):
         yield items[i : i + n]
@@ -178,6 +201,10 @@ class TensorBoardSink:
         at = record.get("created_at")
         for tag, value in evaluation_scalars(record).items():
             self._writer.add_scalar(tag, value, global_step=int(record["step"]), walltime=at)
+
+    def log_summary(self, values: dict[str, float], step: int, at: float | None) -> None:
+        for tag, value in values.items():
+            self._writer.add_scalar(tag, value, global_step=step, walltime=at)
 
     def flush(self) -> None:
         self._writer.flush()
@@ -279,6 +306,9 @@ class MLflowSink:
     def log_evaluation(self, record: dict[str, Any]) -> None:
         self._add(evaluation_scalars(record), int(record["step"]), record.get("created_at"))
 
+    def log_summary(self, values: dict[str, float], step: int, at: float | None) -> None:
+        self._add(values, step, at)
+
     def flush(self) -> None:
         pending, self._pending = [m for m in self._pending if self._new(m)], []
         for chunk in _chunks(pending, self.BATCH):
@@ -359,6 +389,9 @@ class WandbSink:
 
     def log_evaluation(self, record: dict[str, Any]) -> None:
         self._log(int(record["step"]), evaluation_scalars(record), record.get("created_at"))
+
+    def log_summary(self, values: dict[str, float], step: int, at: float | None) -> None:
+        self.run.summary.update(values)
 
     def flush(self) -> None:
         pass  # run.log hands each row to W&B's own process at once
@@ -443,7 +476,11 @@ class SinkSet:
 
         self._each(send)
 
-    def close(self, status: str) -> None:
-        """Close every sink (each closed once, even if another fails); none is left."""
+    def close(self, status: str, final: tuple[dict[str, float], int] | None = None) -> None:
+        """Close every sink (each closed once, even if another fails), after sending it
+        the run's ``final`` figures (``final_scalars``) when given; none is left."""
+        if final is not None:
+            values, step = final
+            self._each(lambda s: s.log_summary(values, step, None))
         self._each(lambda s: s.close(status))
         self.sinks = []

@@ -188,3 +188,30 @@ def test_an_old_summary_without_device_time_still_reads() -> None:
     assert verdict.to_dict()["cost"] is None
     again = TimeToTarget.from_dict({**old, "device_seconds": 7200.0})
     assert again.device_hours == 2.0
+
+
+def test_ledger_show_words_the_resources_and_the_device_time(ledger: Ledger) -> None:
+    from ledgerlm.cli.render import resources_line, target_line
+    from ledgerlm.cli.ui import fmt_g
+
+    old = _run(ledger)
+    _work(ledger, old, "eval", loss=2.0, step=10)
+    summary = ledger.run_summary(old)
+    assert resources_line(summary).startswith("resources: not recorded (an older run, counted")
+    hours = summary["time_to_target"]["device_hours"]
+    assert target_line(summary).endswith(f"s ({fmt_g(hours)} device-hours)")
+
+    run = _run(ledger)
+    _held(ledger, run, ranks=2, rate=2.5)
+    _work(ledger, run, "eval", loss=2.0, step=10)
+    summary = ledger.run_summary(run)
+    ttt = summary["time_to_target"]
+    assert resources_line(summary) == (
+        "resources: 2 x cpu (x86_64), 2 ranks on 1 host, 1 thread(s) per rank of 2 cores; "
+        f"{fmt_g(summary['device_seconds'] / 3600)} device-hours in all at 2.5 per device-hour "
+        "(cpu)"
+    )
+    assert target_line(summary).endswith(
+        f"({fmt_g(ttt['device_hours'])} device-hours; cost {ttt['cost']['amount']:,.4g} at 2.5 "
+        "per device-hour (cpu))"
+    )

@@ -97,5 +97,7 @@ def test_the_test_score_is_the_final_weights_on_the_test_split(tmp_path):
     test = test_batches(store, recipe.pack, recipe.eval, recipe.train.micro_batch_rows)
     metrics = evaluate(final, test, recipe.pack.attention, store.domains, text=store.text)
     assert record["step"] == 4 and record["snapshot"] == weights_digest(final)
+    assert record["role"] == "final"  # the target (4.8 nat/token) is not reached in 4 steps
+    assert result.summary["time_to_target"]["reached"] is False
     assert record["targets"] == sum(b.num_targets for b in test) > 0
     assert record["metrics"] == {f"test/{k}": v for k, v in metrics.items()}

@@ -174,3 +174,21 @@ def test_the_validation_batches_are_placed_once_per_run(monkeypatch, asynchronou
     assert placements.calls == 1
     # and the kept batches give what a fresh placement gives
     assert evaluator.history[-1]["metrics"] == evaluate(model, val, "isolated", DOMAINS)
+
+
+def test_a_test_split_scored_in_chunks_gives_what_it_gives_at_once(monkeypatch):
+    """``chunk`` places that many batches on the device at a time (the test split):
+    the sums go on over the chunks, so the figures are bitwise those of one placement,
+    and no placement holds more than ``chunk`` batches."""
+    model, val = _model(), _val(5)
+    whole = evaluate(model, val, "isolated", DOMAINS)
+    placements = _Placements(monkeypatch)
+    sizes = []
+    real = evaluation.Scoring.then
+    monkeypatch.setattr(
+        evaluation.Scoring,
+        "then",
+        lambda self, share: (sizes.append(len(share.mine)), real(self, share)),
+    )
+    assert evaluate(model, val, "isolated", DOMAINS, chunk=2) == whole
+    assert placements.calls == 3 and sizes == [2, 1]  # 2 + 2 + 1 batches

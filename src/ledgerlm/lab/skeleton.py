@@ -211,14 +211,20 @@ def checkpointed_if_locked(recorder: LedgerRecorder, trainer: Trainer) -> Iterat
         ) from None
 
 
+TEST_WHAT = {"confirming": "test set, confirming snapshot", "final": "test set, final weights"}
+
+
 def close_training(trainer: Trainer, evaluator: EvalCallback, test: list[Batch]) -> None:
     """The final checkpoint, written by the trainer's checkpoint callback as the periodic
-    ones are, and the once-only test score of the held-out split (``data.test_fraction``)
-    by its evaluator, each a phase of the trainer's recorder. Rank 0 does it; with a
-    sharded model every rank does (both gather the weights from all ranks).
+    ones are, and the test scores of the held-out split (``data.test_fraction``) by its
+    evaluator, each a phase of the trainer's recorder: the snapshot that confirmed the
+    target, and the final weights when they differ (``EvalCallback.test_snapshots``),
+    each an ``eval`` phase of its own with its ``test_evaluation`` event. Rank 0 does
+    it; with a sharded model every rank does (both gather the weights from all ranks).
 
     The test set never decides anything during the run (the target is confirmed on
-    the validation set, which tuning also uses); it gives the final figure.
+    the validation set, which tuning also uses); it gives the final figure, after the
+    target, so its phases are never on the time-to-target bill.
     """
     state, recorder = trainer.state, trainer.recorder
     recorder.start("checkpoint", state.step)
@@ -226,9 +232,10 @@ def close_training(trainer: Trainer, evaluator: EvalCallback, test: list[Batch])
     recorder.event(events.TRAIN_END, state.stop_reason, step=state.step)
     checkpointer(trainer).write(trainer)
     if test:
-        recorder.start("eval", state.step, what="test set, once")
-        record = evaluator.score_test(trainer, test)
-        recorder.event(events.TEST_EVALUATION, json.dumps(record), step=state.step)
+        for snapshot in evaluator.test_snapshots(trainer):
+            recorder.start("eval", state.step, what=TEST_WHAT[snapshot["role"]])
+            record = evaluator.score_test(trainer, test, snapshot)
+            recorder.event(events.TEST_EVALUATION, json.dumps(record), step=state.step)
     recorder.stop()
 
 

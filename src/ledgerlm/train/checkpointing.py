@@ -133,7 +133,13 @@ class ResumedEval(EvalCallback):
         self.owed = owed and not (self.history and self.history[-1]["step"] == step)
 
     def on_train_start(self, trainer) -> None:
+        """A run resumed from the snapshot that confirmed its target keeps it for the
+        test, as the uninterrupted run did; one resumed past it cannot
+        (``EvalCallback.test_snapshots``)."""
         super().on_train_start(trainer)
+        c = self.confirming
+        if c is not None and self.kept is None and c["snapshot"] == weights_digest(trainer.model):
+            self.keep(trainer, None)
         if self.owed:
             self.run(trainer)
 

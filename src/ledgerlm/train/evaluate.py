@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -184,6 +184,10 @@ class Scoring:
         self.done = end
         return self.done == self.rounds
 
+    def then(self, share: Share) -> None:
+        """Go on with the next chunk of batches (``evaluate``'s ``chunk``), the sums kept."""
+        self.share, self.rounds, self.done = share, share.rounds, 0
+
     def metrics(self) -> dict[str, float]:
         """Token-mean loss (nat/token) overall and per domain, summed over the ranks; with
         the token text, bits per UTF-8 byte (``bpb``, overall and per domain) and nats
@@ -213,13 +217,24 @@ def evaluate(
     domains: Sequence[str],
     world: World | None = None,
     text: TokenText | None = None,
+    chunk: int = 0,
 ) -> dict[str, float]:
     """Token-mean loss (nat/token) overall and per domain of the target's document, and
     with ``text`` bits per byte and nats per character (every rank under ``torchrun``;
-    see ``Scoring``)."""
-    share = placed(val, world, device_of(model), text)
-    scoring = Scoring(model, share, attention, domains, world)
-    scoring.advance()
+    see ``Scoring``). ``chunk`` > 0 places that many batches per rank on the device at
+    a time (the test split: its device memory stays that of ``chunk`` batches, its time
+    grows with its tokens); 0 places them all at once."""
+    step = chunk * (world or World()).size or len(val)
+    scoring = None
+    for start in range(0, len(val), step):
+        share = placed(val[start : start + step], world, device_of(model), text)
+        if scoring is None:
+            scoring = Scoring(model, share, attention, domains, world)
+        else:
+            scoring.then(share)
+        scoring.advance()
+    if scoring is None:
+        raise ValueError("nothing to evaluate: no batches")
     return scoring.metrics()
 
 
@@ -272,6 +287,13 @@ class EvalCallback:
     phase detail keeps the evaluation's own wall and compute (thread CPU) seconds.
     One evaluation is in flight at a time; the last one is always synchronous.
 
+    The snapshot that confirms the target is the one the test split is scored on after
+    training (``test_snapshots``, ``score_test``), and the final weights as well when
+    they differ. Its weights are kept (``kept``) where training goes on past it: the
+    asynchronous copy that scored it, as it is, or a CPU copy of the trainer's
+    parameters' local data (each rank its own shard) when ``stop_at_target`` is off;
+    nothing when the run stops on them. Only the ranks that score the test keep them.
+
     Under ``torchrun`` a background thread cannot take part in the ranks' collectives
     (and a sharded model cannot be copied), so every rank keeps a copy of its own
     parameters' data at the due step and scores it ``PIECE_ROUNDS`` batches at a time
@@ -291,11 +313,14 @@ class EvalCallback:
     owed: bool = False  # an evaluation was due and its result is not recorded yet
     _streak: int = 0
     _prev_tokens: int = 0
-    _pending: tuple[Future, dict[str, Any]] | None = None
+    _pending: tuple[Future, dict[str, Any], torch.nn.Module] | None = None
     _pool: ThreadPoolExecutor | None = None
     _pieces: tuple[Scoring, list[torch.Tensor], dict[str, Any]] | None = None
     _share: Share | None = None  # this rank's validation batches, on the device once
+    confirming: dict[str, Any] | None = None  # the evaluation that confirmed the target
+    kept: list[torch.Tensor] | None = None  # its weights, where training went past them
     PIECE_ROUNDS: ClassVar[int] = 1  # batches per rank scored at each update boundary
+    TEST_CHUNK: ClassVar[int] = 64  # test batches per rank on the device at a time
 
     def on_train_start(self, trainer) -> None:
         self._prev_tokens = trainer.state.tokens
@@ -335,18 +360,55 @@ class EvalCallback:
             self._share = placed(self.val, world, device_of(model), self.text)
         return Scoring(model, self._share, self.attention, self.domains, world)
 
-    def score_test(self, trainer, test: Sequence[Batch]) -> dict[str, Any]:
-        """The once-only test record: the trainer's weights (step, snapshot) scored on the
-        held-out ``test`` batches in the numerics it trains with, as ``test/`` metrics.
+    def test_snapshots(self, trainer) -> list[dict[str, Any]]:
+        """The snapshots the test split is scored on after training, in order: the one
+        that confirmed the target (role ``confirming``), then the final weights (role
+        ``final``) when their digest differs; the final weights alone when the target was
+        not confirmed. A run resumed past its confirmation holds the confirming weights
+        no more (unless it resumed from them): its final weights are scored, with a
+        ``note`` saying so. Every rank that scores the test calls it (the digest of a
+        sharded model is a collective)."""
+        final = {"role": "final", "step": trainer.state.step, "weights": None}
+        final["snapshot"] = weights_digest(trainer.model)
+        c = self.confirming
+        if c is None:
+            return [final]
+        confirming = {"role": "confirming", "step": c["step"], "snapshot": c["snapshot"]}
+        if c["snapshot"] == final["snapshot"]:
+            return [{**confirming, "weights": None}]
+        if self.kept is None:
+            note = f"the confirming snapshot (step {c['step']}) was not kept across a resume"
+            return [{**final, "note": note}]
+        return [{**confirming, "weights": self.kept}, final]
+
+    def score_test(
+        self, trainer, test: Sequence[Batch], snapshot: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """A test record: a ``snapshot`` of ``test_snapshots`` (the trainer's own weights
+        when None) scored on the held-out ``test`` batches in the numerics it trains with,
+        ``TEST_CHUNK`` batches per rank on the device at a time, as ``test/`` metrics,
+        with its role, step, the digest of the weights scored and the seconds it took.
         This process scores them all; with a sharded model every rank takes part."""
+        snapshot = snapshot or self.test_snapshots(trainer)[-1]
         world = trainer.world if trainer.world.sharded else None
-        with trainer.autocast():
-            metrics = evaluate(trainer.model, test, self.attention, self.domains, world, self.text)
+        weights = snapshot.get("weights")
+        start = time.perf_counter()
+        with swapped(trainer.model, weights) if weights is not None else nullcontext():
+            digest = weights_digest(trainer.model)
+            with trainer.autocast():
+                args = (self.attention, self.domains, world, self.text)
+                metrics = evaluate(trainer.model, test, *args, chunk=self.TEST_CHUNK)
+        if digest != snapshot["snapshot"]:
+            raise RuntimeError(
+                f"the {snapshot['role']} snapshot's weights digest {digest} is not the "
+                f"{snapshot['snapshot']} its evaluation recorded"
+            )
+        record = {k: v for k, v in snapshot.items() if k != "weights"}
         return {
-            "step": trainer.state.step,
-            "snapshot": weights_digest(trainer.model),
+            **record,
             "targets": sum(b.num_targets for b in test),
             "metrics": {f"test/{k}": v for k, v in metrics.items()},
+            "seconds": round(time.perf_counter() - start, 6),
         }
 
     def _base(self, trainer) -> dict[str, Any]:
@@ -398,7 +460,7 @@ class EvalCallback:
 
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="ledgerlm-eval")
-        self._pending = (self._pool.submit(work), base)
+        self._pending = (self._pool.submit(work), base, snapshot_model)
 
     def collect(self, trainer, wait: bool) -> dict[str, Any] | None:
         """Record a finished background evaluation (waiting for it when ``wait``)."""
@@ -406,7 +468,7 @@ class EvalCallback:
             return self._next_piece(trainer, wait)
         if self._pending is None or not (wait or self._pending[0].done()):
             return None
-        future, base = self._pending
+        future, base, snapshot_model = self._pending
         self._pending = None
         with trainer.recorder.interrupt("eval", trainer.state.step) as section:
             metrics, wall, cpu = future.result()
@@ -416,7 +478,8 @@ class EvalCallback:
                 eval_wall_seconds=round(wall, 6),
                 eval_compute_seconds=round(cpu, 6),
             )
-        return self._record({**base, "metrics": metrics}, trainer, section)
+        weights = [p.detach() for p in snapshot_model.parameters()]
+        return self._record({**base, "metrics": metrics}, trainer, section, weights)
 
     def _next_piece(self, trainer, wait: bool) -> dict[str, Any] | None:
         """Score the snapshot on one more batch per rank (all the rest when ``wait``),
@@ -430,23 +493,47 @@ class EvalCallback:
         if metrics is None:
             return None
         self._pieces = None
-        return self._record({**base, "metrics": metrics}, trainer, section)
+        return self._record({**base, "metrics": metrics}, trainer, section, weights)
 
-    def _record(self, record: dict[str, Any], trainer, section: Section) -> dict[str, Any]:
+    def _record(
+        self,
+        record: dict[str, Any],
+        trainer,
+        section: Section,
+        weights: list[torch.Tensor] | None = None,
+    ) -> dict[str, Any]:
         trainer.recorder.evaluation(record, section, trainer.state.counters())
         self.owed = False
         self.history.append(record)
-        self.observe(record, trainer)
+        self.observe(record, trainer, weights)
         return record
 
-    def observe(self, record: dict[str, Any], trainer) -> None:
-        """Apply the confirmation rule to the next evaluation in step order."""
+    def keep(self, trainer, weights: list[torch.Tensor] | None) -> None:
+        """Keep the confirming snapshot's weights for the test (see the class): the
+        asynchronous copy ``weights`` that scored it, or a CPU copy of the trainer's own
+        when training goes on past them; on the ranks that score the test only."""
+        world = getattr(trainer, "world", None) or World()
+        if not (world.is_main or world.sharded):
+            return
+        if weights is not None:
+            self.kept = weights
+        elif not self.cfg.stop_at_target:
+            params = trainer.model.parameters()
+            self.kept = [local_data(p).detach().to("cpu", copy=True) for p in params]
+
+    def observe(
+        self, record: dict[str, Any], trainer, weights: list[torch.Tensor] | None = None
+    ) -> None:
+        """Apply the confirmation rule to the next evaluation in step order; ``weights``
+        are the asynchronous snapshot's that ``record`` scored (None: the trainer's)."""
         cfg = self.cfg
         metric, threshold, _ = cfg.target()
         ok = meets(record["metrics"], metric, threshold, cfg.targets)
         self._streak = self._streak + 1 if ok else 0
         if self.reached_step is None and self._streak >= self.cfg.confirm:
-            self.reached_step = record["step"]
+            self.reached_step, self.confirming = record["step"], record
+            if trainer is not None:
+                self.keep(trainer, weights)
             if trainer is not None and self.cfg.stop_at_target:
                 trainer.state.should_stop, trainer.state.stop_reason = True, "target confirmed"
         if trainer is None or self.reached_step is not None or trainer.state.should_stop:

@@ -1,7 +1,8 @@
-"""Device time on real runs of the tiny recipe: two-rank DDP (torchrun, gloo on CPU)
-holds two devices, so its device-seconds are twice its wall seconds, one process's
-equal its wall; ``ledger compare`` prints both ratios; a workspace's prices give the
-bill a cost that a later edit of ``cost.toml`` does not rewrite; and
+"""Device time (requirement T7) on real runs of the tiny recipe: two-rank DDP
+(torchrun, gloo on CPU) holds two devices, so its device-seconds are twice its wall
+seconds, one process's equal its wall; ``ledger compare`` prints both ratios; a
+workspace's prices give the bill a cost that a later edit of ``cost.toml`` does not
+rewrite; a run resumed on one rank charges its later phases one device; and
 ``eval.budget_device_hours`` stops a run as not reached, with its reason."""
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from ledgerlm.config import EvalConfig
 from ledgerlm.train.checkpointing import ResumedEval
@@ -46,7 +47,8 @@ def _observe(rule, losses, earlier=(), **cfg):
     else:
         evaluator = EvalCallback(*args, rules=(rule,))
     state = SimpleNamespace(should_stop=False, stop_reason="", stop_status="")
-    trainer = SimpleNamespace(state=state, recorder=Events())
+    # a model: with stop_at_target off the evaluator keeps the confirming weights
+    trainer = SimpleNamespace(state=state, recorder=Events(), model=torch.nn.Linear(1, 1))
     for i, loss in enumerate(losses, start=len(earlier)):
         record = {"step": 100 * (i + 1), "metrics": {"loss": loss}}
         evaluator.history.append(record)

@@ -50,10 +50,16 @@ def polynomial(x: int, *, scale: int = 1) -> dict:
     return {"x": x, "value": scale * (x**3 - 2 * x + 7), "pid": os.getpid()}
 
 
-def torch_threads() -> int:
+def torch_threads() -> tuple[int, int]:
+    """Torch's threads in the task, and in a run the task starts (which sets its own)."""
     import torch
 
-    return torch.get_num_threads()
+    from ledgerlm.config import Recipe
+    from ledgerlm.lab.build import determinism
+
+    before = torch.get_num_threads()
+    determinism(Recipe().train)
+    return before, torch.get_num_threads()
 
 
 def refuse(text: str) -> None:
@@ -152,10 +158,10 @@ def test_a_functions_own_error_is_raised_as_itself(local_ray):
 
 
 def test_a_task_holds_torch_threads_of_its_cpus(local_ray):
-    assert local_ray.submit(torch_threads).result(timeout=120) == 1
+    assert local_ray.submit(torch_threads).result(timeout=120) == (1, 1)
     joined = RayExecutor({"cpu": 2})  # joins the fixture's Ray: it is running
     assert not joined.started
-    assert joined.submit(torch_threads).result(timeout=120) == 2
+    assert joined.submit(torch_threads).result(timeout=120) == (2, 2)
 
 
 def test_executor_leaves_a_ray_it_joined(local_ray):

@@ -120,8 +120,12 @@ def _lost_errors() -> tuple[type[BaseException], ...]:
 
 
 def _in_worker(fn: Callable[..., Any], threads: int, args: tuple, kwargs: dict) -> Any:
-    """A task's body: torch's intra-op threads set to the task's CPUs (Ray sets
-    ``OMP_NUM_THREADS`` alike for libraries that read it), then ``fn``."""
+    """A task's body: torch's intra-op threads set to the task's CPUs, then ``fn``. A
+    run sets its threads again (``lab.build.determinism``: the node's cores over
+    ``LOCAL_WORLD_SIZE``), so the task says it shares the node with cores // CPUs
+    others, as a local pool's worker does (``lab.tune.executors``); Ray sets
+    ``OMP_NUM_THREADS`` alike for libraries that read it."""
+    os.environ["LOCAL_WORLD_SIZE"] = str(max(1, (os.cpu_count() or 1) // threads))
     os.environ["OMP_NUM_THREADS"] = str(threads)
     with contextlib.suppress(ImportError):
         import torch

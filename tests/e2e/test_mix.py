@@ -119,10 +119,19 @@ def test_search_then_a_run_charged_for_it(ws):
     use = f"data.mixture.from_search={record['search_id'][:-2]}"  # a unique prefix
     planned = plan_recipe(load_recipe(TINY, [use]), Workspace(ws))
     assert {d.domain: d.weight for d in planned.domains} == pytest.approx(record["recommended"])
-    charged, _ = _run(ws, "--set", use, *SHORT)
+    assert record["bill"]["groups"]["not reached"]["trials"] == 3  # no stop at the target
+    assert record["device_seconds"] == pytest.approx(record["bill"]["total"]["device_seconds"])
+    charged, printed = _run(ws, "--set", use, *SHORT)
     s = _show(ws, charged)
     (search,) = [p for p in s["phases"] if p["kind"] == "search"]
     assert search["seconds"] == pytest.approx(record["seconds"])
+    # its device time: the trials' and the time around them, in the run's device time
+    detail = search["detail"]
+    assert detail["kind"] == "mix" and detail["trials"] == [t["run"] for t in record["trials"]]
+    assert detail["device_seconds"] == pytest.approx(record["device_seconds"])
+    assert s["phase_device_totals"]["search"] == pytest.approx(record["device_seconds"])
+    title = f"mixture search {record['search_id']}: 3 trials"
+    assert title in printed and title in ledgerlm("ledger", "show", charged, "-w", str(ws)).stdout
     assert s["run"]["recipe"]["data"]["mixture"]["from_search"] == record["search_id"]
     assert s["phase_totals"]["search"] == pytest.approx(record["seconds"])
     assert s["coverage"]["uncovered_seconds"] < 0.2

@@ -20,8 +20,8 @@ from ledgerlm.cli.render import (
     evaluations_table,
     mixture_table,
     phase_table,
-    resources_line,
     print_searches,
+    resources_line,
     stop_line,
     target_contract_line,
     target_line,
@@ -79,8 +79,9 @@ def show(
     as_json: JsonOpt = False,
 ) -> None:
     """Phases with seconds, counters, the mixture (configured weights beside the tokens
-    consumed per domain), every evaluation, the warnings (a sink that failed, a
-    non-finite loss, ...) and the time-to-target of one run."""
+    consumed per domain), every evaluation, the searches on its bill (each one's trials
+    by how they ended, with their wall time and device-hours), the warnings (a sink that
+    failed, a non-finite loss, ...) and the time-to-target of one run."""
     with _open(workspace) as ledger:
         summary = ledger.run_summary(ledger.resolve_run(run))
     (summary["run"],) = with_liveness(Workspace(workspace), [summary["run"]])

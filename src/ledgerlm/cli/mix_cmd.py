@@ -213,9 +213,10 @@ def search(
 
     Every trial is a ledger run named <search id>-tNN. The result (and the search's wall
     time) is kept in mixtures/<search id>.json; a run uses it with --set
-    data.mixture.from_search=<search id>, which charges it the search's time as a
-    `search` phase. `ledgerlm mix verify` runs the found and the baseline mixture at
-    scale.
+    data.mixture.from_search=<search id>, which charges it the search's wall and device
+    time as a `search` phase. The search's table (its trials by how they ended, the
+    wall time and device-hours of each group) ends the output. `ledgerlm mix verify`
+    runs the found and the baseline mixture at scale.
 
     The record is written before the first trial and as each trial finishes: the same
     command run again continues the search, reusing its finished trials and resuming the

@@ -194,7 +194,8 @@ def run_cmd(
     The first run prepares (or reuses) the data and tokens versions; every other run must
     reuse them. Each run trains its full budget (no early stop at the target), keeps its
     whole curve in the ledger, is named <sweep id>-<point> and carries a `sweep` event with
-    the point, its overrides and the tuning rule. Prints the sweep id for `scale fit`.
+    the point, its overrides and the tuning rule. Prints the sweep id for `scale fit` and
+    the sweep's table (its runs by how they ended, the wall time and device-hours of each).
 
     The sweep id comes from the plan (recipe, grid, rule) or --name, and the plan is kept
     in sweeps/<sweep id>.json before the first run: the same command run again continues

@@ -243,14 +243,12 @@ def print_study(record: dict[str, Any], recipe: Path) -> None:
         else f"target not reached, final metric {_num(best.get('metric'))}"
     )
     console.print(
-        f"best: t{best['number']:02d} (run {escape(str(best['run']))}, {escape(outcome)}): "
-        f"{escape(' '.join(best['overrides']))}",
+        f"best: t{best['number']:02d} (run {escape(str(best['run']))}, {escape(outcome)})",
         highlight=False,
-        soft_wrap=True,
     )
+    console.print(f"  {escape(' '.join(best['overrides']))}", highlight=False)
+    console.print("train it with the study on its bill:", highlight=False)
     console.print(
-        f"train it with the study on its bill: ledgerlm run {escape(str(recipe))} "
-        f"--from-tune {escape(record['study'])}",
+        f"  ledgerlm run {escape(str(recipe))} --from-tune {escape(record['study'])}",
         highlight=False,
-        soft_wrap=True,
     )

@@ -226,3 +226,16 @@ def test_the_stopping_plan_is_off_by_default_and_in_the_contract(tmp_path):
     fields = Recipe.model_fields["eval"].annotation.model_fields
     assert "0 = off" in fields["patience"].description
     assert "95% interval" in fields["project"].description
+
+
+def test_from_tune_names_a_study_and_round_trips(tmp_path):
+    p = _write(tmp_path, "[train]\nlr = 0.01\n")
+    assert load_recipe(p).train.from_tune is None
+    r = load_recipe(p, ["train.from_tune=tiny-tune-abc123"])
+    assert r.train.from_tune == "tiny-tune-abc123"
+    assert r.digest() != load_recipe(p).digest()  # the stored recipe names its study
+    assert load_recipe(_write(tmp_path, recipe_to_toml(r))) == r
+    with pytest.raises(RecipeError, match=r"train\.from_tune"):
+        load_recipe(p, ["train.from_tune=3"])
+    field = Recipe.model_fields["train"].annotation.model_fields["from_tune"]
+    assert "ledgerlm tune" in field.description and "`search` phase" in field.description

@@ -243,3 +243,49 @@ def test_a_silent_trial_is_failed_and_queued_again_once(tmp_path):
         time.sleep(3.3)
         rx.fail_stale(study)
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL]  # once only
+
+
+# -- a study on a local Ray ------------------------------------------------------------
+
+
+@pytest.mark.slow
+@needs_ray
+@needs_optuna
+def test_a_grid_study_on_a_local_ray_gives_the_sequential_results(tmp_path):
+    """The issue's test: the grid sampler's 4 trials on the tiny recipe, run one after
+    another in this process and as Ray tasks two at a time, give the same trials with
+    the same statuses and validation metrics."""
+    from cli_runner import TINY
+    from ledgerlm.config import load_recipe
+    from ledgerlm.lab.tune.run import tune
+    from ledgerlm.lab.tune.study import plan_study
+    from ledgerlm.workspace import Workspace
+
+    base = load_recipe(
+        TINY,
+        ["train.max_steps=40", "eval.every_steps=10", "train.threads=1", "eval.target_loss=5.3"],
+    )
+    # trials of 40 and 10 updates: on Ray the second (10) ends before the first (40)
+    grid = ["train.lr=choice:3e-3,1e-5", "train.max_steps=choice:40,10"]
+
+    def study(name, **how):
+        spec = plan_study(base, grid, trials=None, sampler="grid", pruner="none")
+        return tune(spec, Workspace(tmp_path / name), **how)
+
+    def results(record):
+        return {
+            tuple(sorted(t["params"].items())): (t["status"], t["metric"], t["attempt"])
+            for t in record["trials"]
+        }
+
+    one = study("one")
+    pool = RayExecutor({"cpu": 1}, None, num_cpus=2)
+    try:
+        on_ray = study("ray", workers=2, executor=pool)
+    finally:
+        pool.shutdown()
+    assert len(on_ray["trials"]) == 4 and on_ray["complete"]
+    assert results(on_ray) == results(one)
+    assert {t["status"] for t in one["trials"]} == {"reached", "not reached"}
+    assert os.getpid() not in {t["pid"] for t in on_ray["trials"]}  # ran in Ray's workers
+    assert on_ray["best"]["overrides"] == one["best"]["overrides"]

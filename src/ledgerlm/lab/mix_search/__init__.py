@@ -14,6 +14,6 @@
 
 A run uses a result with ``data.mixture.from_search``: ``lab.mixture.use_search``
 replaces the recipe's weights with the recommended ones before the run is created, and the run
-records the search's wall time as a ``search`` phase, so its time-to-target includes
-the cost of the decision.
+records the search's wall time as a ``search`` phase holding its device time and bill
+(``lab.searches.charge_search``), so its time-to-target includes the cost of the decision.
 """

@@ -144,3 +144,48 @@ def test_a_bad_param_is_one_line_naming_the_flag(tmp_path):
         "did you mean lr?"
     ]
     assert not ws.exists()
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_trial_fails_it_and_it_is_retried_once(tmp_path):
+    import threading
+
+    import psutil
+
+    from ledgerlm.lab.tune.run import tune
+
+    ws = tmp_path / "ws"
+    spec = plan_study(
+        load_recipe(TINY, SETS), PARAMS, sampler="grid", pruner="none", objective="metric"
+    )
+    victim = trial_name(spec.study, 1)
+    killed: list[int] = []
+
+    def kill_its_worker() -> None:
+        deadline = time.monotonic() + 300
+        while not killed and time.monotonic() < deadline:
+            if _started(ws, victim, checkpointed=False):
+                for child in psutil.Process().children(recursive=True):
+                    try:
+                        files = [f.path for f in child.open_files()]
+                    except psutil.Error:
+                        continue
+                    if any(f"/{victim}-" in f and f.endswith("/.lock") for f in files):
+                        os.kill(child.pid, signal.SIGKILL)
+                        killed.append(child.pid)
+                        return
+            time.sleep(0.005)
+
+    killer = threading.Thread(target=kill_its_worker, daemon=True)
+    killer.start()
+    record = tune(spec, Workspace(ws), workers=2)
+    killer.join(timeout=5)
+    assert killed, "the worker running the second trial was never found"
+    rows = {t["number"]: t for t in record["trials"]}
+    assert rows[1]["status"] == "failed" and rows[1]["error"].startswith("worker lost:")
+    retries = [t for t in record["trials"] if t["attempt"] == 2]
+    assert rows[1]["params"] in [t["params"] for t in retries]
+    assert all(t["status"] != "failed" for t in retries)  # each retried once, and it ended
+    lrs = sorted(t["params"]["train.lr"] for t in record["trials"] if t["status"] != "failed")
+    assert lrs == [1e-5, 1e-3, 3e-3] and record["complete"]
+    assert _runs(ws)[victim]["run"]["status"] == "failed"

@@ -34,6 +34,21 @@ from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.workspace import Workspace
 
 
+def attempt_of(trial: Any) -> int:
+    """A trial's attempt: 2 for the retry of a failed one, whether this driver queued it
+    (``attempt`` user attribute) or Optuna's heartbeat did (``retry_history``)."""
+    history = trial.system_attrs.get("retry_history")
+    if history:
+        return 1 + len(history)
+    return int(trial.user_attrs.get("attempt", 1))
+
+
+def retry_of(trial: Any) -> int | None:
+    """The number of the failed trial a retry stands for (None for a first attempt)."""
+    found = trial.user_attrs.get("retry_of", trial.system_attrs.get("failed_trial"))
+    return None if found is None else int(found)
+
+
 class _Named:
     """Progress whose lines carry the trial's name."""
 
@@ -77,8 +92,7 @@ class _Driver:
         )
 
     def of_frozen(self, frozen: Any) -> TrialSpec:
-        attempt = int(frozen.user_attrs.get("attempt", 1))
-        return self.trial_spec(frozen.number, frozen._trial_id, frozen.params, attempt)
+        return self.trial_spec(frozen.number, frozen._trial_id, frozen.params, attempt_of(frozen))
 
     def save(self, row: dict[str, Any]) -> None:
         put_trial(self.record, row)
@@ -173,15 +187,16 @@ class _Driver:
 
         trials = self.study.get_trials(deepcopy=False)
         waiting = any(t.state == TrialState.WAITING for t in trials)
-        first = sum(1 for t in trials if int(t.user_attrs.get("attempt", 1)) == 1)
+        first = sum(1 for t in trials if attempt_of(t) == 1)
         if not waiting and first >= self.spec.trials:
             return None
         trial = self.study.ask(self.distributions)
-        attempt = int(trial.user_attrs.get("attempt", 1))
+        frozen = self.study._storage.get_trial(trial._trial_id)
+        attempt = attempt_of(frozen)
         if attempt == 1:
             trial.set_user_attr("attempt", 1)
         elif self.spec.plan["sampler"] == "grid":  # the retry stands for the same grid point
-            original = next(t for t in trials if t.number == trial.user_attrs["retry_of"])
+            original = next(t for t in trials if t.number == retry_of(frozen))
             for key in ("search_space", "grid_id"):
                 if key in original.system_attrs:
                     value = original.system_attrs[key]

@@ -289,3 +289,44 @@ def test_a_grid_study_on_a_local_ray_gives_the_sequential_results(tmp_path):
     assert {t["status"] for t in one["trials"]} == {"reached", "not reached"}
     assert os.getpid() not in {t["pid"] for t in on_ray["trials"]}  # ran in Ray's workers
     assert on_ray["best"]["overrides"] == one["best"]["overrides"]
+
+
+class _FirstWorkerDies(RayExecutor):
+    """The first trial's Ray worker dies (os._exit) instead of training it."""
+
+    killed = False
+
+    def submit(self, fn, /, *args, **kwargs):
+        if not self.killed:
+            self.killed = True
+            return super().submit(die)
+        return super().submit(fn, *args, **kwargs)
+
+
+@pytest.mark.slow
+@needs_ray
+@needs_optuna
+def test_a_trial_whose_ray_worker_dies_is_failed_and_retried_once(tmp_path):
+    from cli_runner import TINY
+    from ledgerlm.config import load_recipe
+    from ledgerlm.lab.tune.run import tune
+    from ledgerlm.lab.tune.study import plan_study
+    from ledgerlm.workspace import Workspace
+
+    base = load_recipe(TINY, ["train.max_steps=20", "eval.every_steps=10", "train.threads=1"])
+    spec = plan_study(base, ["train.lr=choice:3e-3,1e-3"], sampler="grid", pruner="none")
+    pool = _FirstWorkerDies({"cpu": 1}, None, num_cpus=2)
+    try:
+        record = tune(spec, Workspace(tmp_path / "ws"), workers=2, executor=pool)
+    finally:
+        pool.shutdown()
+    first, *rest = record["trials"]
+    assert first["status"] == "failed" and first["run"] is None and first["retried"]
+    assert "TrialWorkerLost" in first["error"]
+    (retry,) = [t for t in rest if t["attempt"] == 2]
+    assert retry["params"] == first["params"] and retry["status"] != "failed"
+    assert len(rest) == 2 and record["complete"]  # the other grid point, and the retry
+    assert {tuple(t["params"].items()) for t in rest} == {
+        (("train.lr", 3e-3),),
+        (("train.lr", 1e-3),),
+    }

@@ -140,7 +140,9 @@ class RayExecutor(concurrent.futures.Executor):
     ``num_cpus``/``num_gpus`` size a Ray this executor starts (default: the machine's);
     ``runtime_env`` is merged into the one given to a joined cluster (which carries the
     driver's ``LEDGERLM_*`` variables); ``init_options`` go to ``ray.init`` as they are.
-    ``threads`` (torch's intra-op threads in a task) is the task's whole CPUs."""
+    ``threads`` (torch's intra-op threads in a task) is the task's whole CPUs.
+    ``started``: whether this executor called ``ray.init`` (and so ``ray.shutdown``);
+    a Ray this process already runs is used as it is."""
 
     def __init__(
         self,
@@ -213,8 +215,10 @@ class RayExecutor(concurrent.futures.Executor):
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop taking trials; with ``cancel_futures`` end the unfinished ones; with
-        ``wait`` wait for the rest. A Ray this executor started is stopped (its running
-        tasks end: their futures raise ``TrialWorkerLost``); a joined one is left."""
+        ``wait`` wait for the rest. A local Ray this executor started is stopped (its
+        running tasks end: their futures raise ``TrialWorkerLost``), a cluster it
+        connected to is disconnected from (the cluster runs on), and a Ray this process
+        already had is left as it was."""
         import ray
 
         with self._lock:

@@ -155,3 +155,23 @@ def test_two_local_workers_give_the_sequential_results(tmp_path):
         assert (
             runs[t["name"]]["run"]["recipe"]["train"]["max_steps"] == t["params"]["train.max_steps"]
         )
+
+
+def test_an_rdb_storage_holds_the_study_instead_of_the_journal(tmp_path):
+    ws = Workspace(tmp_path / "ws")
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    base = load_recipe(TINY, SETS)
+    spec = plan_study(
+        base,
+        ["train.lr=choice:1e-5"],
+        sampler="grid",
+        pruner="none",
+        objective="metric",
+        storage=url,
+    )
+    record = tune_run.tune(spec, ws)
+    assert record["complete"] and record["trials"][0]["status"] == "not reached"
+    study = optuna.load_study(study_name=spec.study, storage=url)
+    assert study.trials[0].value == record["trials"][0]["value"]
+    assert not (ws.study_dir(spec.study) / "journal.log").exists()
+    assert load_study(ws, spec.study)["study"] == spec.study  # the record stays in the workspace

@@ -80,7 +80,7 @@ class _Driver:
         return TrialSpec(
             study=self.spec.study,
             storage=self.url,
-            workspace=str(self.workspace.root),
+            workspace=str(self.workspace.root.resolve()),  # a worker may start elsewhere
             number=number,
             trial_id=trial_id,
             base=self.base,

@@ -4,13 +4,17 @@ each cell against one process with the same global batch (``train.grad_accum=2``
 same counters, the same batches per update, the same evaluations, and the losses and
 metrics within what the engine's arithmetic allows. Some cells are killed (-9) after a
 checkpoint and resumed on two ranks; an asynchronous evaluation still in flight at a
-checkpoint is resumed in one process too.
+checkpoint is resumed in one process too. The target is confirmed at the first
+evaluation and training goes on: the test split is scored on that snapshot (each rank
+its shard of it under FSDP, rank 0 under DDP) and on the final weights, as one process
+scores them; a cell resumed past the confirmation scores its final weights only.
 
 The default run has the FSDP cell that is asynchronous and resumed (DDP's default
 end-to-end check is tests/e2e/test_torchrun.py); the other seven are slow."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -35,6 +39,8 @@ COMMON = [
     "eval.every_steps=2",
     "eval.stop_at_target=false",
     "train.checkpoint_every=4",
+    "eval.target_loss=7.0",  # confirmed at step 2
+    "data.test_fraction=0.1",
 ]
 EVALUATED = [*range(2, STEPS, 2), STEPS]
 OWN = {"seconds", "at"}  # each run's own times
@@ -81,7 +87,7 @@ def test_two_ranks_make_the_one_process_run(tmp_path, engine, asynchronous, obje
     ledgerlm(*run, *sets("train.grad_accum=2"))
     two, one = _runs(ws)
 
-    assert two["run"]["status"] == one["run"]["status"] == "not reached"
+    assert two["run"]["status"] == one["run"]["status"] == "reached"
     if resumed:
         assert [e["kind"] for e in two["events"]].count("resume") == 1
     assert two["counters"] == one["counters"]  # tokens, targets, rows, updates: global
@@ -96,6 +102,7 @@ def test_two_ranks_make_the_one_process_run(tmp_path, engine, asynchronous, obje
         assert {p["detail"]["snapshot_step"] for p in pieces} == set(EVALUATED[:-1])
         assert any(p["step_start"] > p["detail"]["snapshot_step"] for p in pieces)
 
+    _same_tests(two, one, engine, resumed)
     if engine == "ddp":
         # Two replicas sum the two micro-batches' gradients in the order one process
         # accumulates them: the updates, and so the weights, are bitwise one process's.
@@ -119,6 +126,28 @@ def test_two_ranks_make_the_one_process_run(tmp_path, engine, asynchronous, obje
     for a, b in zip(two["evaluations"], one["evaluations"], strict=True):
         for name, value in b["metrics"].items():
             assert a["metrics"][name] == pytest.approx(value, rel=1e-5), (a["step"], name)
+
+
+def _same_tests(two: dict, one: dict, engine: str, resumed: bool) -> None:
+    """The test records of two ranks against one process's: the confirming snapshot
+    (step 2) and the final weights, or the final weights alone after a resume past the
+    confirmation; the figures to the engine's tolerance, DDP's digests bitwise."""
+    tests = [[json.loads(e["message"]) for e in s["events"] if e["kind"] == "test_evaluation"]
+             for s in (two, one)]  # fmt: skip
+    assert [(t["role"], t["step"]) for t in tests[1]] == [("confirming", 2), ("final", STEPS)]
+    if resumed:
+        (final,) = tests[0]
+        assert "not kept across a resume" in final["note"]
+        pairs = [(final, tests[1][1])]
+    else:
+        assert tests[0][0]["snapshot"] == two["evaluations"][0]["snapshot"]
+        pairs = list(zip(*tests, strict=True))
+    for a, b in pairs:
+        assert (a["role"], a["step"], a["targets"]) == (b["role"], b["step"], b["targets"])
+        assert a["snapshot"] == b["snapshot"] or engine == "fsdp"  # shards hash apart
+        for name, value in b["metrics"].items():
+            rel = 1e-9 if engine == "ddp" else 1e-5
+            assert a["metrics"][name] == pytest.approx(value, rel=rel), (a["role"], name)
 
 
 def test_an_asynchronous_evaluation_in_flight_at_a_checkpoint_is_recorded_after_resume(

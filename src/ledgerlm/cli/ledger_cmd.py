@@ -180,7 +180,7 @@ def compare(
     the share of prep, tokenize, eval and checkpoint time; runs that differ only by
     train.seed as mean, min-max, std. The rule is printed with the table.
     """
-    from ledgerlm.cli.render import device_hours
+    from ledgerlm.cli.render import device_hours, held_out_table
     from ledgerlm.cli.ui import fmt_seconds
     from ledgerlm.ledger.compare import TABLE_COLUMNS, compare_runs, comparison_rows, seed_spread
 
@@ -251,6 +251,11 @@ def compare(
             f"{seed_spread(g)}",
             highlight=False,
         )
+    held = result["held_out"]
+    if any(r["test"] is not None for r in held["rows"]):
+        console.print(held_out_table(held))
+    if held["warning"]:
+        console.print(f"[yellow]{escape(held['warning'])}[/]", highlight=False)
     console.print(escape(result["final_figure"]), highlight=False)
     console.print(f"[dim]rule: {escape(result['rule'])}[/]", highlight=False)
     if device:

@@ -14,10 +14,10 @@ from rich.markup import escape
 
 from ledgerlm.cli.table import FitTable
 from ledgerlm.cli.ui import console, fmt_g, fmt_seconds
+from ledgerlm.ledger.compare import test_records
 from ledgerlm.ledger.events import (
     CONTINUED_PRETRAINING,
     EARLY_STOP,
-    TEST_EVALUATION,
     TRAIN_END,
     latest,
     latest_json,
@@ -279,16 +279,42 @@ def continued_table(init_from: str, rows: list[dict[str, Any]]) -> FitTable:
     return t
 
 
+TEST_ROLES = {"confirming": "confirming snapshot", "final": "final weights"}
+
+
 def test_line(summary: dict[str, Any]) -> str | None:
-    """The once-only test-set figure of the final weights, when the data has a test split."""
-    found = latest_json(summary, TEST_EVALUATION)
-    if found is None:
-        return None
-    loss = found["metrics"].get("test/loss")
-    return (
-        f"test set (scored once, final weights at step {found['step']}): "
-        f"loss {loss:.4f} nat/token over {found['targets']:,} targets"
-    )
+    """The test-set figures, a line each (the confirming snapshot's, then the final
+    weights' where they differ): step, the target's metric, targets and seconds, and
+    why the confirming snapshot was not scored where it was not; None without a test
+    split."""
+    metric = summary["run"].get("target_metric") or "loss"
+    unit = "bit/byte" if metric.startswith("bpb") else "nat/token"
+    lines = []
+    for r in test_records(summary):
+        value = r["metrics"].get(f"test/{metric}", r["metrics"].get("test/loss"))
+        shown = f"{metric} {value:.4f} {unit}" if value is not None else "-"
+        took = f", {fmt_seconds(r['seconds'])}" if r.get("seconds") is not None else ""
+        lines.append(
+            f"test set, {TEST_ROLES.get(r['role'], r['role'])} at step {r['step']}: "
+            f"{shown} over {r['targets']:,} targets{took}"
+        )
+        if r.get("note"):
+            lines.append(f"  ({r['note']})")
+    return "\n".join(lines) or None
+
+
+def held_out_table(held: dict[str, Any]) -> FitTable:
+    """Each run's validation figure beside its test figures, on the baseline's metric
+    (``ledger.compare.validation_and_test``); the run chosen on validation marked."""
+    t = FitTable(title=f"validation and test ({escape(held['metric'])})", show_edge=False)
+    for col in ("run", "validation", "test, confirming", "test, final"):
+        t.add_column(col, justify="left" if col == "run" else "right")
+    for r in held["rows"]:
+        keys = ("validation", "test_confirming", "test_final")
+        cells = ["-" if r[k] is None else f"{r[k]:.4f}" for k in keys]
+        mark = " (chosen)" if r["run"] == held["chosen"] else ""
+        t.add_row(escape(r["run"]) + mark, *cells)
+    return t
 
 
 def _tokens(x: float | None) -> str:

@@ -27,7 +27,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ledgerlm.ledger.events import TEST_EVALUATION, latest_json
+from ledgerlm.ledger.events import TEST_EVALUATION
 
 RULE = (
     "time-to-target = wall time of all phases up to the evaluation that confirms the "
@@ -129,15 +129,25 @@ def recipe_diff(base: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def test_records(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The run's ``test_evaluation`` records in the order recorded, each with its role:
+    the snapshot that confirmed the target (``confirming``) and the final weights
+    (``final``) when they differ; a run recorded before roles holds one, ``final``."""
+    found = [e for e in summary.get("events", []) if e.get("kind") == TEST_EVALUATION]
+    return [{"role": "final", **json.loads(e["message"])} for e in found]
+
+
 def held_out_metrics(summary: Mapping[str, Any]) -> dict[str, Any] | None:
     """Test-split metrics of the run, or ``None`` when none was ever measured.
 
-    Taken from the run's ``test_evaluation`` event (the final weights scored once on
-    the held-out test split, ``data.test_fraction``), else from the confirming
-    evaluation when it carries them, else from the last evaluation that does.
+    Taken from the run's ``test_evaluation`` events (the held-out test split,
+    ``data.test_fraction``, scored after training): the confirming snapshot's, else the
+    final weights'; else from the confirming evaluation when it carries them, else from
+    the last evaluation that does.
     """
-    found = latest_json(summary, TEST_EVALUATION)  # the runner's once-only test score
-    if found is not None:
+    records = test_records(summary)  # the runner's test scores
+    if records:
+        found = next((r for r in records if r["role"] == "confirming"), records[-1])
         return {k: found[k] for k in ("step", "snapshot", "metrics")}
     evals = list(summary.get("evaluations", []))
     confirming = (summary.get("time_to_target") or {}).get("evaluation")
@@ -192,6 +202,7 @@ def run_figures(summary: Mapping[str, Any]) -> dict[str, Any]:
         "phase_seconds": {k: float(v or 0.0) for k, v in totals.items()},
         "shares": shares,
         "test": held_out_metrics(summary),
+        "tests": test_records(summary),
         "final_domains": final_domain_losses(summary),
         "final_value": final_value(summary),
     }
@@ -383,6 +394,57 @@ def _final_figure(base: Mapping[str, Any], other: Mapping[str, Any]) -> str:
     return f"final figure: {name} {b:.4f} vs {a:.4f} (baseline), delta {b - a:+.4f}"
 
 
+def _test_value(record: Mapping[str, Any] | None, key: str) -> float | None:
+    return None if record is None else finite((record.get("metrics") or {}).get(key))
+
+
+def validation_and_test(figures: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Each run's validation figure (at its confirming evaluation, else its last) beside
+    its test figures on the same metric (``test/<metric>`` of the baseline's target):
+    the confirming snapshot's and the final weights' (the same when the run stopped on
+    the snapshot). ``warning`` is one line when the run chosen on validation (the
+    soonest to target; with none reached, the best last validation figure) is not the
+    best on test (its test figure: the confirming snapshot's, else the final weights')."""
+    metric = figures[0]["target"]["metric"]
+    key = f"test/{metric}"
+    rows = []
+    for f in figures:
+        by_role = {t["role"]: t for t in f["tests"]}
+        confirming = _test_value(by_role.get("confirming"), key)
+        final = _test_value(by_role.get("final") or by_role.get("confirming"), key)
+        rows.append(
+            {
+                "run": f["id"],
+                "reached": f["reached"],
+                "validation": f["confirming_value"] if f["reached"] else f["final_value"],
+                "test_confirming": confirming,
+                "test_final": final,
+                "test": confirming if confirming is not None else final,
+            }
+        )
+    out = {"metric": metric, "test_metric": key, "rows": rows, "chosen": None, "warning": None}
+    if any(f["target"]["metric"] != metric for f in figures):
+        return out  # validation figures on different metrics rank nothing
+    reached = [(f["time_to_target"], r) for f, r in zip(figures, rows, strict=True) if f["reached"]]
+    scored = [(r["validation"], r) for r in rows if r["validation"] is not None]
+    how, pool = ("soonest to target", reached) if reached else ("best validation", scored)
+    if not pool:
+        return out
+    chosen = min(pool, key=lambda x: x[0])[1]
+    tested = [r for r in rows if r["test"] is not None]
+    out["chosen"] = chosen["run"]
+    if chosen["test"] is None or not tested:
+        return out
+    best = min(tested, key=lambda r: r["test"])
+    out["best_on_test"] = best["run"]
+    if best["test"] < chosen["test"]:
+        out["warning"] = (
+            f"{chosen['run']}, chosen on validation ({how}), is not the best on test: "
+            f"{best['run']} has {key} {best['test']:.4f} against {chosen['test']:.4f}"
+        )
+    return out
+
+
 def compare_runs(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Compare runs, the first being the baseline; a JSON-able dict (see ``RULE``)."""
     if not summaries:
@@ -409,6 +471,7 @@ def compare_runs(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "baseline": base["id"],
         "final_figure": final,
         "validation_is_tuning_set": True,
+        "held_out": validation_and_test(figures),
         "runs": figures,
         "comparisons": comparisons,
         "seed_groups": seed_groups(summaries, figures),

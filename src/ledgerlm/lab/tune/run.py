@@ -276,7 +276,8 @@ def tune(
                     pool.shutdown(wait=True)
                     pool = make_executor(executor, workers, **options)
                     broken = False
-        driver.record["complete"] = True
+        # complete unless a trial another command trains is still running
+        driver.record["complete"] = all(t["status"] != "running" for t in driver.record["trials"])
     finally:
         driver.clock.stamp(driver.record)
         write_record(workspace, driver.record)

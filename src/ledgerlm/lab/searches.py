@@ -156,7 +156,7 @@ def _check_base(
         keys = ", ".join(others[:6]) + (f" and {len(others) - 6} more" if len(others) > 6 else "")
         raise ValueError(
             f"train.from_tune = {sid!r}: this recipe is not the study's base recipe: {keys} "
-            "differ; run it with the recipe the study tuned"
+            "differ; run it with the recipe the study tuned (its --set overrides too)"
         )
     if clashes:
         k = clashes[0]

@@ -1,6 +1,6 @@
 """How a run ends: its final checkpoint is written the way its periodic ones are (the
 trainer's checkpoint callback), so at the last step it holds what a periodic checkpoint
-there holds; the once-only test score is the final weights' on the test split."""
+there holds; a run that never confirmed its target is tested on its final weights."""
 
 import json
 import shutil

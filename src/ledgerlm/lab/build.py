@@ -133,7 +133,8 @@ def val_batches(store: TokenStore, recipe: Recipe) -> list[Batch]:
 
 
 def test_set(store: TokenStore, recipe: Recipe) -> list[Batch]:
-    """The once-only test split of a recipe, batched and padded as ``val_batches``."""
+    """The test split of a recipe (scored after training), batched and padded as
+    ``val_batches``: whole unless ``eval.test_max_tokens`` caps it."""
     rows = recipe.train.micro_batch_rows
     test = test_batches(store, recipe.pack, recipe.eval, rows)
     return pad_rows(test, rows) if recipe.train.compile else test

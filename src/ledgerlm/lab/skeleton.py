@@ -4,7 +4,7 @@ The prologue (``prologue``: rank 0 leads, other ranks follow), the ``Handoff`` a
 its one message (``handoff_message``), the guards a run trains under (``run_lock``,
 ``failing``, ``checkpointed_if_locked``), the checks on the recipe, the versions and
 evaluation sets built as phases, and training to the end (``train_run``: the final
-checkpoint and the once-only test score). ``lab.run`` starts runs and follows rank 0
+checkpoint and the test scores). ``lab.run`` starts runs and follows rank 0
 on the other ranks; ``lab.resume`` resumes them.
 """
 
@@ -129,7 +129,7 @@ def check_metric(recipe: Recipe, store: TokenStore) -> None:
 
 @dataclass
 class EvalSets:
-    """The fixed validation set (its unigram entropy) and the once-only test set."""
+    """The fixed validation set (its unigram entropy) and the test set."""
 
     val: list[Batch]
     entropy: float
@@ -160,7 +160,7 @@ def train_run(
     before: tuple[float, float] = (0.0, 0.0),
 ) -> Trainer:
     """Build the trainer (a ``setup`` phase), train to max_steps, the target or the
-    budget; then the final checkpoint, the once-only test score, and the run's status
+    budget; then the final checkpoint, the test scores, and the run's status
     (reached or not). ``resumed`` is the trainer state of the checkpoint resumed from;
     ``before`` the (wall, device) seconds the ledger charged the run before this process."""
     recorder.start("setup", what="trainer")

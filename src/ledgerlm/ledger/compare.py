@@ -13,9 +13,11 @@ and on hand-built summaries in tests. Three questions are kept separate:
   standard deviation, so a one-seed difference can be read against the seed spread.
 * **tuning or final?** The validation set is the one targets and comparisons are
   decided on, i.e. the tuning set. A difference found there is not the final figure;
-  that is the once-only test-set score of the final weights, recorded when the data
-  holds out a test split (``data.test_fraction``); without one the output says the
-  final figure was not measured instead of pretending otherwise.
+  that is the test-set score of the snapshot that confirmed the target (and of the
+  final weights where they differ), recorded when the data holds out a test split
+  (``data.test_fraction``); without one the output says the final figure was not
+  measured instead of pretending otherwise. Validation and test are set side by side,
+  with a warning when the run chosen on validation is not the best on test.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ RULE = (
     "granularity (eval every N steps). Runs whose recipes are equal apart from "
     "train.seed (and the run name) form one seed group: mean, min-max, sample std, n. "
     "All of this is measured on the validation set, which is the tuning set: a recipe "
-    "difference found there is not the final figure, which is the once-only test-set "
-    "score of the final weights (data.test_fraction > 0)."
+    "difference found there is not the final figure, which is the test-set score of the "
+    "snapshot that confirmed the target, or of the final weights (data.test_fraction > 0)."
 )
 DEVICE_RULE = (
     "device time = wall x devices held (one per rank), phase by phase, by the resources "

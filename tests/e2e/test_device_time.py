@@ -100,3 +100,13 @@ def test_a_device_time_budget_stops_a_run_as_not_reached(tmp_path):
     assert json.loads(contracts[0])["budget_device_hours"] == 1e-9
     text = " ".join(ledgerlm("ledger", "show", "-w", str(ws)).stdout.split())
     assert "device-time budget (1e-09 device-hours)" in text
+
+
+def test_a_bad_price_table_is_one_line_and_writes_nothing(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "cost.toml").write_text("[cost]\nper_device_hour = {cpu = -0.05}\n")
+    proc = ledgerlm("run", str(TINY), "-w", str(ws), check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{ws / 'cost.toml'}: per_device_hour.cpu must be a finite number >= 0" in proc.stderr
+    assert sorted(p.name for p in ws.iterdir()) == ["cost.toml"]  # no ledger, no run

@@ -6,13 +6,12 @@ The target is confirmed only here, at an evaluation bound to a weights snapshot.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -22,11 +21,12 @@ import torch
 from ledgerlm.config import EvalConfig
 from ledgerlm.ledger import events
 from ledgerlm.ledger.target import meets
-from ledgerlm.model.dtensor import is_sharded, local_data
+from ledgerlm.model.dtensor import local_data
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.tokenizer import TokenText
 from ledgerlm.train.distributed import World
 from ledgerlm.train.record import Section
+from ledgerlm.train.snapshot import reshard, swapped, weights_digest
 from ledgerlm.train.stopping import StopRule
 
 
@@ -41,48 +41,6 @@ def unigram_entropy(val: Sequence[Batch]) -> float:
     ).astype(np.float64)
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())
-
-
-def weights_digest(model: torch.nn.Module) -> str:
-    """Hash of every parameter's bytes: names the exact snapshot an evaluation scored.
-
-    No rank gathers the model for it: a whole (replicated) tensor is hashed as it is,
-    and the shards of a sharded model (FSDP) are hashed where they lie, each rank its
-    own, the ranks' small digests then all-gathered and hashed in rank order
-    (``_shards_digest``). Identical weights on the same number of ranks give the same
-    digest; a sharded model's depends on its sharding, so an FSDP run on 2 ranks and
-    the same weights in one process (or on 4 ranks) give different digests. Digests
-    are compared only within a run and its resumes, and across rank counts only for
-    replicas (DDP and one process), which hash whole tensors alike.
-    """
-    h = hashlib.sha256()
-    shards = None
-    for name, tensor in sorted(model.state_dict().items()):
-        tensor = tensor.detach()
-        if is_sharded(tensor):  # this rank's shard; the others' come by their digests
-            shards = shards or ([], tensor.device_mesh)
-            shards[0].append((name, tensor.to_local()))
-            continue
-        h.update(name.encode())
-        h.update(tensor.cpu().contiguous().numpy().tobytes())
-    if shards is not None:
-        h.update(_shards_digest(*shards))
-    return h.hexdigest()[:16]
-
-
-def _shards_digest(local: list[tuple[str, torch.Tensor]], mesh: Any) -> bytes:
-    """This rank's shards hashed (names, shapes and bytes), every rank's digest
-    all-gathered over ``mesh`` (32 bytes each) and joined in rank order."""
-    import torch.distributed as dist
-
-    h = hashlib.sha256()
-    for name, shard in local:
-        h.update(f"{name}:{tuple(shard.shape)}".encode())
-        h.update(shard.cpu().contiguous().numpy().tobytes())
-    mine = torch.frombuffer(bytearray(h.digest()), dtype=torch.uint8).to(mesh.device_type)
-    every = [torch.empty_like(mine) for _ in range(mesh.size())]
-    dist.all_gather(every, mine, group=mesh.get_group())
-    return b"".join(bytes(d.cpu().tolist()) for d in every)
 
 
 @dataclass(frozen=True)
@@ -137,7 +95,7 @@ class Scoring:
     Under ``torchrun`` each rank scores its ``share`` (every ``size``-th batch) and the
     sums are all-reduced, so every rank gets the same figures as one process would; a
     sharded model frees the weights it gathered for the forwards after them
-    (``_reshard``). The head scores a chunk of rows at a time (``GPT.forward(...,
+    (``reshard``). The head scores a chunk of rows at a time (``GPT.forward(...,
     targets=)``): no (B, T, V) logits; the sums stay on the device until ``metrics``.
     """
 
@@ -180,7 +138,7 @@ class Scoring:
                 self.bytes.index_add_(0, dom, kept[0])
                 self.chars.index_add_(0, dom, kept[1])
         if self.world.sharded:
-            _reshard(self.model)
+            reshard(self.model)
         self.done = end
         return self.done == self.rounds
 
@@ -236,38 +194,6 @@ def evaluate(
     if scoring is None:
         raise ValueError("nothing to evaluate: no batches")
     return scoring.metrics()
-
-
-@contextmanager
-def swapped(model: torch.nn.Module, weights: list[torch.Tensor]) -> Iterator[None]:
-    """``model`` with ``weights`` (its parameters' local data, in order) in place of its
-    own for the length of the block; its own are put back bitwise."""
-    params = [local_data(p) for p in model.parameters()]
-    own = [p.clone() for p in params]
-    with torch.no_grad():
-        for p, w in zip(params, weights, strict=True):
-            p.copy_(w)
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for p, w in zip(params, own, strict=True):
-                p.copy_(w)
-
-
-def _reshard(model: torch.nn.Module) -> None:
-    """Free the weights FSDP2 gathered for forwards without a backward (an evaluation).
-
-    The root module (embedding, tied head, final norm) keeps its gathered weights after
-    a forward, for the backward that would follow; after an evaluation none follows, so
-    the next training forward would run with them (a swapped-in snapshot's, under
-    asynchronous evaluation), and until then ``parameters()`` yields them whole, where
-    ``swapped`` puts a snapshot's shards (the last pieces, scored at once)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.reshard()
 
 
 @dataclass

@@ -8,6 +8,7 @@ rewrite; a run resumed on one rank charges its later phases one device; and
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -90,8 +91,11 @@ def test_a_run_resumed_on_one_rank_charges_its_later_phases_one_device(tmp_path)
 def test_a_device_time_budget_stops_a_run_as_not_reached(tmp_path):
     ws = tmp_path / "ws"
     budget = "eval.budget_device_hours=1e-9"  # spent by the first update
-    ledgerlm("run", str(TINY), "-w", str(ws), *sets(budget, "train.max_steps=20"))
+    threads = "train.threads=3"  # the threads it trains with, not those it started with
+    ledgerlm("run", str(TINY), "-w", str(ws), *sets(budget, "train.max_steps=20", threads))
     run = show(ws)
+    held = run["resources"]
+    assert held["threads_per_rank"] == 3 and held["host_cores"] == os.cpu_count()
     assert run["run"]["status"] == "not reached"
     assert run["steps_recorded"]["updates"] == 1
     (end,) = [e for e in run["events"] if e["kind"] == "train_end"]

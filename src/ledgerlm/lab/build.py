@@ -34,6 +34,13 @@ from ledgerlm.train.record import Recorder
 from ledgerlm.train.stopping import StopRule, plan_rules
 
 
+def rank_threads(train: TrainConfig) -> int:
+    """The intra-op threads a rank trains with: ``train.threads``, else this node's cores
+    shared by its ranks (torchrun's ``LOCAL_WORLD_SIZE``)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return train.threads or max(1, (os.cpu_count() or 1) // local)
+
+
 def determinism(train: TrainConfig) -> None:
     """Seed, thread count and (``train.deterministic``, the default) deterministic
     kernels: fixed per recipe and machine, so a resumed run repeats the uninterrupted
@@ -48,8 +55,7 @@ def determinism(train: TrainConfig) -> None:
     the library reads none (the bitwise resume tests would see one), and on a GPU it
     costs a write of every activation."""
     torch.manual_seed(train.seed)
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    torch.set_num_threads(train.threads or max(1, (os.cpu_count() or 1) // local))
+    torch.set_num_threads(rank_threads(train))
     if train.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(train.deterministic)

@@ -36,6 +36,7 @@ from ledgerlm.lab.build import (
     build_parts,
     build_trainer,
     placed,
+    rank_threads,
     same_global_batch,
     test_set,
     val_batches,
@@ -122,7 +123,7 @@ def held_resources(world: World, recipe: Recipe, workspace: Workspace) -> dict[s
         name,
         world.size,
         hosts=resources.hosts_of(os.environ, world.size),
-        threads_per_rank=torch.get_num_threads(),
+        threads_per_rank=rank_threads(recipe.train),
         host_cores=os.cpu_count(),
         price=rate,
     )

@@ -36,8 +36,17 @@ def test_a_sweep_runs_every_point_on_one_data_version_and_fits(tmp_path):
         (n, d) for n in (52_368, 83_136, 133_440) for d in (20_480, 40_960)
     ]
     runs = [p["run"] for p in out["points"]]
+    # the sweep's bill: its runs by how they ended, kept with its plan
+    bill = out["bill"]
+    assert bill["total"]["trials"] == 6 and bill["groups"]["failed"]["trials"] == 0
+    kept = json.loads((tmp_path / "sweeps" / f"{sweep_id}.json").read_text())
+    assert kept["trials"] == runs and kept["bill"] == bill
+    again = ledgerlm("scale", "run", str(TINY), *args).stdout  # every point reused
+    assert f"scaling sweep {sweep_id}: 6 trials" in again and "not reached" in again
 
     with Ledger(tmp_path / "ledger.db") as ledger:
+        wall = sum(ledger.run_summary(r)["total_seconds"] for r in runs)
+        assert bill["total"]["seconds"] == pytest.approx(wall) == kept["seconds"]
         listed = {r["id"]: r for r in ledger.list_runs()}
         assert set(listed) == set(runs)
         # one data version and one tokens version for the whole sweep

@@ -8,6 +8,7 @@ built: the sooner to target, chosen on validation, yet 4 updates behind on test.
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from ledgerlm.config import load_recipe
 from ledgerlm.lab.run import run_recipe
 from ledgerlm.ledger import compare
 from ledgerlm.ledger.compare import compare_runs
+from ledgerlm.report.run.page import render_report
 from ledgerlm.workspace import Workspace
 
 from .conftest import TINY
@@ -110,3 +112,15 @@ def test_compare_and_show_print_the_test_figures_at_80_columns(two, tty):
     readable(
         shown, [line, f"{test['targets']:,}", fmt_seconds(test["seconds"])], prose=("events:",)
     )
+
+
+def test_the_report_sets_validation_beside_test_and_warns(two):
+    ws, soon, late = two
+    summaries = _summaries(ws, soon, late)
+    page = render_report(summaries)
+    held = compare_runs(summaries)["held_out"]
+    assert "<h3>Validation and test (loss)</h3>" in page
+    assert f"{soon} (chosen on validation)" in page
+    for r in held["rows"]:
+        assert all(f"<td>{r[k]:.4f}</td>" in page for k in ("validation", "test", "test_final"))
+    assert f'<p class="warning">{html.escape(held["warning"])}</p>' in page

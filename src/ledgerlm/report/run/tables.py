@@ -77,8 +77,27 @@ def comparison_html(result: Mapping[str, Any]) -> str:
     out = _table((*head, "why"), rows)
     if groups:
         out += "<h3>Seed groups</h3><ul>" + "".join(groups) + "</ul>"
+    out += held_out_html(result["held_out"])
     out += f'<p class="final">{e(result["final_figure"])}</p>'
     out += f'<p class="rule"><b>Rule.</b> {e(result["rule"])} {e(result["device_rule"])}</p>'
+    return out
+
+
+def held_out_html(held: Mapping[str, Any]) -> str:
+    """Each run's validation figure beside its test figures (the confirming snapshot's
+    and the final weights'), the run chosen on validation marked, and the warning when
+    it is not the best on test. Empty when no run has a test figure."""
+    if not any(r["test"] is not None for r in held["rows"]):
+        return ""
+    rows = []
+    for r in held["rows"]:
+        chosen = " (chosen on validation)" if r["run"] == held["chosen"] else ""
+        figures = (r["validation"], r["test_confirming"], r["test_final"])
+        rows.append([e(r["run"] + chosen), *(_num(v, ".4f") for v in figures)])
+    out = f"<h3>Validation and test ({e(held['metric'])})</h3>"
+    out += _table(("run", "validation", "test, confirming snapshot", "test, final weights"), rows)
+    if held["warning"]:
+        out += f'<p class="warning">{e(held["warning"])}</p>'
     return out
 
 

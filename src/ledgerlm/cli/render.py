@@ -14,7 +14,6 @@ from rich.markup import escape
 
 from ledgerlm.cli.table import FitTable
 from ledgerlm.cli.ui import console, fmt_g, fmt_seconds
-from ledgerlm.ledger.compare import test_records
 from ledgerlm.ledger.events import (
     CONTINUED_PRETRAINING,
     EARLY_STOP,
@@ -287,6 +286,8 @@ def test_line(summary: dict[str, Any]) -> str | None:
     weights' where they differ): step, the target's metric, targets and seconds, and
     why the confirming snapshot was not scored where it was not; None without a test
     split."""
+    from ledgerlm.ledger.compare import test_records  # not at CLI start-up
+
     metric = summary["run"].get("target_metric") or "loss"
     unit = "bit/byte" if metric.startswith("bpb") else "nat/token"
     lines = []

@@ -127,6 +127,34 @@ def test_a_run_that_stops_on_its_confirming_snapshot_records_one_test(tmp_path):
     assert record["snapshot"] == digest and record["metrics"] == metrics
 
 
+class _Kept:
+    """What the run's evaluator kept of its confirming snapshot, once training ended."""
+
+    kept: object = "unseen"
+
+    def on_train_start(self, trainer) -> None:
+        pass
+
+    def on_step_end(self, trainer) -> None:
+        pass
+
+    def on_train_end(self, trainer) -> None:
+        (evaluator,) = [cb for cb in trainer.callbacks if isinstance(cb, EvalCallback)]
+        self.kept = evaluator.kept
+
+
+def test_a_confirmation_on_the_final_weights_keeps_no_copy_of_them(tmp_path):
+    """stop_at_target off, the target confirmed at the last update: the final weights
+    are the confirming snapshot, so nothing is copied and one test is recorded."""
+    seen, went = _Kept(), _Kept()
+    sets = ["eval.stop_at_target=false", "eval.every_steps=8"]
+    _, result = _run(Workspace(tmp_path), *sets, callbacks=[seen])
+    (record,) = _tests(result.summary)
+    assert (record["role"], record["step"]) == ("confirming", 8) and seen.kept is None
+    _run(Workspace(tmp_path), "eval.stop_at_target=false", callbacks=[went])  # confirmed at 4
+    assert went.kept and all(w.device.type == "cpu" for w in went.kept)  # a CPU copy
+
+
 def test_an_asynchronous_confirmation_is_tested_on_the_copy_that_scored_it(tmp_path):
     ws = Workspace(tmp_path)
     weights = _Weights()

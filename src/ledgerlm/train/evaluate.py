@@ -437,13 +437,16 @@ class EvalCallback:
     def keep(self, trainer, weights: list[torch.Tensor] | None) -> None:
         """Keep the confirming snapshot's weights for the test (see the class): the
         asynchronous copy ``weights`` that scored it, or a CPU copy of the trainer's own
-        when training goes on past them; on the ranks that score the test only."""
+        when training goes on past them; on the ranks that score the test only, and
+        none when training ends on them."""
         world = getattr(trainer, "world", None) or World()
         if not (world.is_main or world.sharded):
             return
+        s, limit = trainer.state, getattr(getattr(trainer, "cfg", None), "max_steps", None)
+        ending = s.should_stop or (limit is not None and s.step >= limit)
         if weights is not None:
             self.kept = weights
-        elif not self.cfg.stop_at_target:
+        elif not self.cfg.stop_at_target and not ending:  # else they are the final weights
             params = trainer.model.parameters()
             self.kept = [local_data(p).detach().to("cpu", copy=True) for p in params]
 

@@ -99,6 +99,15 @@ def test_a_run_that_goes_on_past_its_target_is_tested_on_both_snapshots(went_on)
     digest, metrics, targets = _rescored(ws, result, recipe)
     assert (digest, final["metrics"], final["targets"]) == (final["snapshot"], metrics, targets)
     assert confirming["seconds"] > 0 and final["seconds"] > 0
+    # the whole test split of the token version: every pair of a document's tokens
+    # (BOS ... EOS) a target, but where a row of seq_len + 1 ends inside one
+    docs = TokenStore(result.tokens.path).split_docs("test")
+    pairs, rows = (
+        int(docs["length"].sum()) + len(docs["length"]),
+        -(-targets // recipe.pack.seq_len),
+    )
+    assert pairs - 2 * rows < targets <= pairs
+    assert recipe.eval.max_tokens < targets  # the validation cap does not apply
 
 
 def test_each_test_is_an_eval_phase_after_the_target_off_its_bill(went_on):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -182,7 +184,7 @@ def tune(
     if as_json:
         console.print_json(json.dumps(record))
         return
-    print_study(record, recipe)
+    print_study(record, recipe, list(set_ or []))
 
 
 def _num(value: Any, fmt: str = ".4g") -> str:
@@ -207,7 +209,7 @@ def trial_line(row: dict[str, Any]) -> str:
     return " ".join(p for p in parts if p) + extra
 
 
-def print_study(record: dict[str, Any], recipe: Path) -> None:
+def print_study(record: dict[str, Any], recipe: Path, sets: Sequence[str] = ()) -> None:
     from ledgerlm.cli.table import FitTable
 
     t = FitTable(title=f"study {escape(record['study'])}", show_edge=False)
@@ -248,7 +250,9 @@ def print_study(record: dict[str, Any], recipe: Path) -> None:
     )
     console.print(f"  {escape(' '.join(best['overrides']))}", highlight=False)
     console.print("train it with the study on its bill:", highlight=False)
+    sets_args = [arg for one in sets for arg in ("--set", one)]
+    command = ["ledgerlm", "run", str(recipe), *sets_args, "--from-tune", record["study"]]
     console.print(
-        f"  ledgerlm run {escape(str(recipe))} --from-tune {escape(record['study'])}",
+        "  " + escape(shlex.join(command)),
         highlight=False,
     )

@@ -89,3 +89,11 @@ def test_loading_the_cli_imports_no_optuna():
     code = "import sys, ledgerlm.cli.main; print('optuna' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_hint_to_train_the_best_trial_repeats_the_studys_overrides(monkeypatch):
+    out = io.StringIO()
+    monkeypatch.setattr(tune_cmd, "console", Console(file=out, width=200, color_system=None))
+    tune_cmd.print_study(RECORD, Path("configs/tiny.toml"), ["train.max_steps=40", "name='a b'"])
+    hint = "ledgerlm run configs/tiny.toml --set train.max_steps=40 --set 'name='\"'\"'a b'\"'\"''"
+    assert f"  {hint} --from-tune tiny-tune-0a1b2c\n" in out.getvalue()

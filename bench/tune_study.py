@@ -31,6 +31,7 @@ good as that share is small.
     python bench/tune_study.py --quick                  # every section small: minutes
     python bench/tune_study.py                          # the full figures: hours on 2 cores
     python bench/tune_study.py --only pruning --json    # one section, as JSON
+    python bench/tune_study.py --recipe configs/tiny.toml   # pruning on the tiny recipe
 """
 
 from __future__ import annotations
@@ -283,9 +284,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the sampler's seed")
     parser.add_argument("--ray", action="store_true", help="workers: also 2 on a local Ray")
     parser.add_argument("--workspace", type=Path, help="keep the workspaces here")
+    parser.add_argument(
+        "--recipe", type=Path, help="pruning: this recipe instead of the demo's (e.g. tiny)"
+    )
+    parser.add_argument(
+        "--set", dest="sets", action="append", default=[], help="pruning: recipe overrides"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     cfg = settings(args.quick)
+    if args.recipe is not None:
+        cfg["pruning"].update(recipe=args.recipe.resolve(), sets=args.sets)
     print(f"python bench/tune_study.py {' '.join(sys.argv[1:])}; {load()}", flush=True)
     result: dict[str, Any] = {"quick": args.quick, "seed": args.seed, "cores": os.cpu_count()}
     with tempfile.TemporaryDirectory() as tmp:

@@ -11,7 +11,7 @@ read back from the study's record (``tune/<study>/study.json``) and the ledger.
   40%) and whether its best is within 5% of the unpruned study's. Last, the best trial
   of the ASHA study trained with ``ledgerlm run --from-tune``: its time-to-target with
   the study's ``search`` phase on its bill and without it.
-- **overhead**: grid studies of N and 3N trials that differ only in ``train.seed``
+- **overhead**: grid studies of N and 2N trials that differ only in ``train.seed``
   (the tiny recipe, 40 updates), one after another in the command's process. What the
   larger study spends outside its trial runs beyond what the smaller one does, per
   extra trial, is the study's cost of one more trial (Optuna's storage, the record,
@@ -217,14 +217,15 @@ def overhead(cfg: dict[str, Any], seed: int, work: Path) -> dict[str, Any]:
     starting = sum(p["seconds"] or 0.0 for p in run["phases"] if p["kind"] == "startup")
     plain = run["total_seconds"] - starting
     flags = ["--sampler", "grid", "--pruner", "none"]
-    # Two studies of n and 3n trials: what the larger spends outside its trial runs
+    # Two studies of n and 2n trials: what the larger spends outside its trial runs
     # beyond what the smaller does, per extra trial, is the study's cost of one more
     # trial; what is left is paid once per command (opening the study, the first
     # model built in the process).
     studies = []
-    for size, first in ((n, seed), (3 * n, seed + n)):
+    for size, first in ((n, seed), (2 * n, seed + n)):
         grid = [f"train.seed=choice:{','.join(str(first + i) for i in range(size))}"]
-        studies.append(study(tiny, work, f"bench-overhead-{size}", grid, flags, extra))
+        sized = [*flags, "--trials", str(size)]
+        studies.append(study(tiny, work, f"bench-overhead-{size}", grid, sized, extra))
     small, big = studies
     outside = [s["study_s"] - sum(s["trial_s"]) for s in studies]
     per_trial = (outside[1] - outside[0]) / (big["trials"] - small["trials"])

@@ -38,3 +38,17 @@ class NullProgress:
 
     def note(self, line: str) -> None:
         pass
+
+
+class Named:
+    """Progress whose task descriptions and notes carry a name (a sweep's point, a
+    study's trial: ``N200k-D100k train``, ``tiny-tune-0a1b2c-t03: ...``)."""
+
+    def __init__(self, progress: Progress, prefix: str) -> None:
+        self.progress, self.prefix = progress, prefix
+
+    def task(self, description: str, total: float | None = None) -> Any:
+        return self.progress.task(f"{self.prefix} {description}", total)
+
+    def note(self, line: str) -> None:
+        self.progress.note(f"{self.prefix}: {line}")

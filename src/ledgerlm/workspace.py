@@ -418,24 +418,8 @@ class Workspace:
     def resolve_search(self, ref: str) -> str:
         """A mixture search id: exact, a unique prefix, or ``latest`` (newest file)."""
         folder = self.root / "mixtures"
-        files = (
-            sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
-            if folder.is_dir()
-            else []
-        )
-        ids = [p.stem for p in files]
-        if ref == "latest" and ids:
-            return ids[-1]
-        if ref in ids:
-            return ref
-        found = [i for i in ids if i.startswith(ref)]
-        if len(found) == 1:
-            return found[0]
-        if not found:
-            raise FileNotFoundError(f"no mixture search matches {ref!r} in {folder}")
-        raise FileNotFoundError(
-            f"{ref!r} matches {len(found)} mixture searches: {', '.join(found)}"
-        )
+        files = _by_age(folder, "*.json")
+        return _resolve([p.stem for p in files], ref, folder, "mixture search", "searches")
 
     def study_dir(self, study: str) -> Path:
         """``tune/<study>/``: a tuning study's Optuna storage (``journal.log`` unless the
@@ -449,19 +433,28 @@ class Workspace:
     def resolve_study(self, ref: str) -> str:
         """A tuning study: exact, a unique prefix, or ``latest`` (newest record)."""
         folder = self.root / "tune"
-        files = (
-            sorted(folder.glob("*/study.json"), key=lambda p: p.stat().st_mtime)
-            if folder.is_dir()
-            else []
-        )
-        ids = [p.parent.name for p in files]
-        if ref == "latest" and ids:
-            return ids[-1]
-        if ref in ids:
-            return ref
-        found = [i for i in ids if i.startswith(ref)]
-        if len(found) == 1:
-            return found[0]
-        if not found:
-            raise FileNotFoundError(f"no tuning study matches {ref!r} in {folder}")
-        raise FileNotFoundError(f"{ref!r} matches {len(found)} tuning studies: {', '.join(found)}")
+        files = _by_age(folder, "*/study.json")
+        return _resolve([p.parent.name for p in files], ref, folder, "tuning study", "studies")
+
+
+def _by_age(folder: Path, pattern: str) -> list[Path]:
+    """The files of ``folder`` matching ``pattern``, oldest first."""
+    if not folder.is_dir():
+        return []
+    return sorted(folder.glob(pattern), key=lambda p: p.stat().st_mtime)
+
+
+def _resolve(ids: list[str], ref: str, folder: Path, what: str, plural: str) -> str:
+    """``ref`` among ``ids`` (oldest first): exact, a unique prefix, or ``latest``."""
+    if ref == "latest" and ids:
+        return ids[-1]
+    if ref in ids:
+        return ref
+    found = [i for i in ids if i.startswith(ref)]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise FileNotFoundError(f"no {what} matches {ref!r} in {folder}")
+    raise FileNotFoundError(
+        f"{ref!r} matches {len(found)} {what.split()[0]} {plural}: {', '.join(found)}"
+    )

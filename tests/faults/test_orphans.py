@@ -112,12 +112,18 @@ def _kill_when(args: list[str], ws: Path, reached, sig: int, workers: bool) -> N
     (and, with ``workers``, once its data workers are up): the parent reading both pipes
     must see them close, and within 10 s nothing the command started may be alive."""
     token = uuid.uuid4().hex
-    proc = subprocess.Popen(
-        [_exe(), *args, "-w", str(ws)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, MARK: token, "COLUMNS": "200"},
-    )
+    # The command must get SIGHUP's default disposition even when the tests run under
+    # nohup: a signal ignored at start stays ignored (lab/signals.py), by design.
+    hangup = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        proc = subprocess.Popen(
+            [_exe(), *args, "-w", str(ws)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, MARK: token, "COLUMNS": "200"},
+        )
+    finally:
+        signal.signal(signal.SIGHUP, hangup)
     deadline = time.monotonic() + 120
     started: list[psutil.Process] = []  # the command and all it started, once workers are up
     while not (reached() and (started or not workers)):  # (a cheap test, right before the kill)

@@ -38,7 +38,7 @@ from ledgerlm.lab.status import with_liveness
 from ledgerlm.ledger.events import SWEEP, latest_json
 from ledgerlm.ledger.search import search_bill
 from ledgerlm.ledger.store import Ledger, LedgerError
-from ledgerlm.progress import NullProgress, Progress
+from ledgerlm.progress import Named, NullProgress, Progress
 from ledgerlm.scaling.sweep import (
     SWEEP_ID,
     PlanPoint,
@@ -61,19 +61,6 @@ def _run_by_name(ledger: Ledger, name: str) -> str | None:
 
 def _record(ledger: Ledger, run_id: str, message: dict[str, Any]) -> None:
     ledger.add_event(run_id, SWEEP, json.dumps(message))
-
-
-class _Named:
-    """Progress whose task descriptions carry the point's name (``N200k-D100k train``)."""
-
-    def __init__(self, progress: Progress, prefix: str) -> None:
-        self.progress, self.prefix = progress, prefix
-
-    def task(self, description: str, total: float | None = None) -> Any:
-        return self.progress.task(f"{self.prefix} {description}", total)
-
-    def note(self, line: str) -> None:
-        self.progress.note(f"{self.prefix}: {line}")
 
 
 def record_plan(
@@ -197,7 +184,7 @@ def run_sweep(
                 "point": point.to_dict(),
                 "base_recipe_sha256": base.digest(),
             }
-            named = _Named(progress, point.name)
+            named = Named(progress, point.name)
             try:
                 run = continue_run(recipe, workspace, named)
             except PlanConflict:

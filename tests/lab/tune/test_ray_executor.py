@@ -1,7 +1,7 @@
 """Trials on Ray (``lab.tune.ray_executor``): plain functions through a local Ray of two
 CPUs give what direct calls give, a task whose process dies raises ``TrialWorkerLost``,
-the executor stops only a Ray it started; ``--trial-resources`` parsing; Optuna's
-heartbeat fails a trial whose driver went silent and queues it again once."""
+the executor stops only a Ray it started; ``--trial-resources`` parsing; a study on a
+local Ray gives the sequential study's results."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import concurrent.futures
 import os
 import subprocess
 import sys
-import time
-import warnings
 
 import pytest
 
@@ -207,42 +205,6 @@ def test_executor_stops_the_ray_it_started(local_ray):
     assert not ray.is_initialized()
     with pytest.raises(RuntimeError, match="after the Ray executor shut down"):
         local_ray.submit(polynomial, 1)
-
-
-# -- Optuna's heartbeat ------------------------------------------------------------------
-
-
-def test_a_journal_file_has_no_heartbeat(tmp_path):
-    with pytest.raises(ArgumentError, match="needs a database storage"):
-        rx.heartbeat_storage(str(tmp_path / "journal.log"), 5)
-
-
-@needs_optuna
-def test_a_silent_trial_is_failed_and_queued_again_once(tmp_path):
-    import optuna
-    from optuna.trial import TrialState
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = rx.heartbeat_storage(f"sqlite:///{tmp_path / 'study.db'}", interval=1, grace=2)
-    study = optuna.create_study(storage=storage, study_name="s")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Optuna: heartbeats are meant for optimize()
-        first = study.ask({"x": optuna.distributions.IntDistribution(0, 9)})
-        with rx.beating(storage, first):
-            time.sleep(3.3)  # longer than the grace period, but beating
-            rx.fail_stale(study)
-            assert study.trials[0].state == TrialState.RUNNING
-        time.sleep(3.3)  # the driver died: no beat for longer than the grace period
-        rx.fail_stale(study)
-        states = [t.state for t in study.trials]
-        assert states == [TrialState.FAIL, TrialState.WAITING]
-        retry = study.ask()  # the waiting copy, same params
-        assert retry.number == 1 and retry.params == first.params
-        with rx.beating(storage, retry):
-            pass
-        time.sleep(3.3)
-        rx.fail_stale(study)
-    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL]  # once only
 
 
 # -- a study on a local Ray ------------------------------------------------------------

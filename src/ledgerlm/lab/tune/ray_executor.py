@@ -11,9 +11,9 @@ flight the same way whether they run in local processes or on Ray.
   ``TrialWorkerLost``, the one error class a driver retries on; Ray retries nothing
   (``max_retries=0``): whether a trial runs again is the study's decision. An error the
   function raised is raised as itself.
-- Optuna's heartbeat (``heartbeat_storage``, ``beating``, ``fail_stale``) covers a
-  driver that dies: its in-flight trials stop beating and the next driver fails them,
-  each re-queued once.
+- A driver that dies leaves its trials RUNNING in the study; the next command finds
+  each one's run in the ledger and resumes it or fails and retries it
+  (``lab.tune.run``).
 
 Workers import ledgerlm and read the workspace themselves. A local Ray shares this
 machine's installed packages, environment and filesystem. On a cluster every node needs
@@ -31,8 +31,7 @@ import logging
 import os
 import re
 import threading
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from ledgerlm.errors import ArgumentError
@@ -276,80 +275,3 @@ def _driver_env(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-# -- Optuna's heartbeat: a driver that dies ---------------------------------------------
-
-
-def heartbeat_storage(url: str, interval: int, grace: int | None = None) -> Any:
-    """An Optuna RDB storage (``sqlite:///PATH``, ``postgresql://...``) whose running
-    trials beat every ``interval`` seconds; one silent for ``grace`` (default twice
-    the interval) is failed by ``fail_stale`` and queued again once.
-
-    Optuna 5.0 beats only in its RDB storage (``JournalStorage`` has no heartbeat), and
-    starts the beat itself only inside ``Study.optimize``: an ask-and-tell driver holds
-    ``beating(storage, trial)`` while the trial runs and calls ``fail_stale(study)``
-    when it starts."""
-    optuna = require("optuna", "a study's heartbeat")
-    if "://" not in url:
-        raise ArgumentError(
-            "{storage} {url}: Optuna's heartbeat needs a database storage (sqlite:///PATH "
-            "or postgresql://...); a journal file has none",
-            url=repr(url),
-        )
-    if interval < 1 or (grace is not None and grace <= interval):
-        raise ArgumentError(
-            "{interval} {interval_value}: a heartbeat beats every 1 s or more, and a trial "
-            "is stale only after more than one interval",
-            interval_value=interval,
-        )
-    with _quiet_experimental(optuna):
-        return optuna.storages.RDBStorage(
-            url,
-            heartbeat_interval=interval,
-            grace_period=grace or 2 * interval,
-            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
-                max_retry=1
-            ),
-        )
-
-
-@contextlib.contextmanager
-def beating(storage: Any, trial: Any) -> Iterator[None]:
-    """Record ``trial``'s heartbeat (an Optuna trial or its id) every interval of
-    ``storage`` until the block ends; nothing when the storage has no heartbeat."""
-    interval = getattr(storage, "heartbeat_interval", None)
-    if not interval:
-        yield
-        return
-    trial_id = getattr(trial, "_trial_id", trial)
-    stop = threading.Event()
-
-    def beat() -> None:
-        while True:
-            storage.record_heartbeat(trial_id)
-            if stop.wait(interval):
-                return
-
-    thread = threading.Thread(target=beat, name=f"heartbeat-{trial_id}", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
-def fail_stale(study: Any) -> None:
-    """Fail the study's running trials whose heartbeat stopped (a driver that died), each
-    queued again once (``RetryHeartbeatStaleTrialCallback(max_retry=1)``)."""
-    optuna = require("optuna", "a study's heartbeat")
-    with _quiet_experimental(optuna):
-        optuna.storages.fail_stale_trials(study)
-
-
-@contextlib.contextmanager
-def _quiet_experimental(optuna: Any) -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        yield

@@ -30,7 +30,7 @@ from ledgerlm.lab.tune.record import (
 from ledgerlm.lab.tune.space import overrides
 from ledgerlm.lab.tune.study import StudySpec, open_study, storage_url
 from ledgerlm.lab.tune.trial import TrialSpec, result_row, run_trial
-from ledgerlm.progress import NullProgress, Progress
+from ledgerlm.progress import Named, NullProgress, Progress
 from ledgerlm.workspace import Workspace
 
 
@@ -47,19 +47,6 @@ def retry_of(trial: Any) -> int | None:
     """The number of the failed trial a retry stands for (None for a first attempt)."""
     found = trial.user_attrs.get("retry_of", trial.system_attrs.get("failed_trial"))
     return None if found is None else int(found)
-
-
-class _Named:
-    """Progress whose lines carry the trial's name."""
-
-    def __init__(self, progress: Progress, prefix: str) -> None:
-        self.progress, self.prefix = progress, prefix
-
-    def task(self, description: str, total: float | None = None) -> Any:
-        return self.progress.task(f"{self.prefix} {description}", total)
-
-    def note(self, line: str) -> None:
-        self.progress.note(f"{self.prefix}: {line}")
 
 
 class _Driver:
@@ -257,7 +244,7 @@ def tune(
                     driver.save({**result_row(ts, None, None), "status": "running"})
                     extra = {}
                     if isinstance(pool, InProcess):
-                        extra["progress"] = _Named(progress, ts.name)
+                        extra["progress"] = Named(progress, ts.name)
                     in_flight[pool.submit(run_trial, ts, **extra)] = ts
                 if not in_flight and not broken:
                     break

@@ -419,7 +419,8 @@ class Workspace:
         """A mixture search id: exact, a unique prefix, or ``latest`` (newest file)."""
         folder = self.root / "mixtures"
         files = _by_age(folder, "*.json")
-        return _resolve([p.stem for p in files], ref, folder, "mixture search", "searches")
+        ids = [p.stem for p in files]
+        return _resolve(ids, ref, folder, "mixture search", "mixture searches")
 
     def study_dir(self, study: str) -> Path:
         """``tune/<study>/``: a tuning study's Optuna storage (``journal.log`` unless the
@@ -434,7 +435,8 @@ class Workspace:
         """A tuning study: exact, a unique prefix, or ``latest`` (newest record)."""
         folder = self.root / "tune"
         files = _by_age(folder, "*/study.json")
-        return _resolve([p.parent.name for p in files], ref, folder, "tuning study", "studies")
+        ids = [p.parent.name for p in files]
+        return _resolve(ids, ref, folder, "tuning study", "tuning studies")
 
 
 def _by_age(folder: Path, pattern: str) -> list[Path]:
@@ -455,6 +457,4 @@ def _resolve(ids: list[str], ref: str, folder: Path, what: str, plural: str) -> 
         return found[0]
     if not found:
         raise FileNotFoundError(f"no {what} matches {ref!r} in {folder}")
-    raise FileNotFoundError(
-        f"{ref!r} matches {len(found)} {what.split()[0]} {plural}: {', '.join(found)}"
-    )
+    raise FileNotFoundError(f"{ref!r} matches {len(found)} {plural}: {', '.join(found)}")

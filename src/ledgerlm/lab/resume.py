@@ -117,7 +117,7 @@ def resume_run(
             started_at = time.time() - spent[0]
             with failing(recorder):
                 ph = recorder.start("restore", resume=True, restart=restart)
-                recipe = load_recipe(run_dir / "recipe.toml")
+                recipe = stored
                 ledger.patience = recipe.log.ledger_timeout
                 recorder.flush_every = max(1, recipe.eval.every_steps)
                 open_sinks(recorder, recipe, run_dir)  # closed by failing(), however it ends

@@ -171,13 +171,18 @@ def load_study(workspace: Workspace, ref: str) -> tuple[dict[str, Any], Path]:
     workspace's helpers: the tune package runs trials through ``lab.resume``, which
     resolves a recipe's searches with this module)."""
     path = workspace.study_file(workspace.resolve_study(ref))
+    return read_study(path), path
+
+
+def read_study(path: Path) -> dict[str, Any]:
+    """The study record in ``path``, or one line saying why it is not one."""
     try:
         study = read_json(path)
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: not a study record ({exc})") from None
     if not isinstance(study, dict) or not isinstance(study.get("trials"), list):
         raise ValueError(f"{path}: not a study record (no list of trials)")
-    return study, path
+    return study
 
 
 def use_tune(

@@ -17,7 +17,6 @@ from typing import Any
 # still marked running, ``interrupted`` for ``lab.status``, is counted as running).
 GROUPS = ("reached", "not reached", "pruned", "failed", "running")
 OUTSIDE = "outside trials"  # the search's time around its trials (versions, the fit)
-SEARCH_KINDS = ("tune", "mix", "sweep")
 
 
 def trial_group(summary: Mapping[str, Any]) -> str:

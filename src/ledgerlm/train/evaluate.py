@@ -294,8 +294,11 @@ class EvalCallback:
         no more (unless it resumed from them): its final weights are scored, with a
         ``note`` saying so. Every rank that scores the test calls it (the digest of a
         sharded model is a collective)."""
-        final = {"role": "final", "step": trainer.state.step, "weights": None}
-        final["snapshot"] = weights_digest(trainer.model)
+        step = trainer.state.step
+        final: dict[str, Any] = {"role": "final", "step": step, "weights": None}
+        last = self.history[-1] if self.history else None  # on_train_end evaluated here
+        scored = last is not None and last["step"] == step
+        final["snapshot"] = last["snapshot"] if scored else weights_digest(trainer.model)
         c = self.confirming
         if c is None:
             return [final]
@@ -308,14 +311,13 @@ class EvalCallback:
         return [{**confirming, "weights": self.kept}, final]
 
     def score_test(
-        self, trainer, test: Sequence[Batch], snapshot: dict[str, Any] | None = None
+        self, trainer, test: Sequence[Batch], snapshot: dict[str, Any]
     ) -> dict[str, Any]:
-        """A test record: a ``snapshot`` of ``test_snapshots`` (the trainer's own weights
-        when None) scored on the held-out ``test`` batches in the numerics it trains with,
-        ``TEST_CHUNK`` batches per rank on the device at a time, as ``test/`` metrics,
-        with its role, step, the digest of the weights scored and the seconds it took.
-        This process scores them all; with a sharded model every rank takes part."""
-        snapshot = snapshot or self.test_snapshots(trainer)[-1]
+        """A test record: a ``snapshot`` of ``test_snapshots`` scored on the held-out
+        ``test`` batches in the numerics it trains with, ``TEST_CHUNK`` batches per rank
+        on the device at a time, as ``test/`` metrics, with its role, step, the digest of
+        the weights scored and the seconds it took. This process scores them all; with a
+        sharded model every rank takes part."""
         world = trainer.world if trainer.world.sharded else None
         weights = snapshot.get("weights")
         start = time.perf_counter()

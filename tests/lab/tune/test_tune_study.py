@@ -175,3 +175,12 @@ def test_an_rdb_storage_holds_the_study_instead_of_the_journal(tmp_path):
     assert study.trials[0].value == record["trials"][0]["value"]
     assert not (ws.study_dir(spec.study) / "journal.log").exists()
     assert load_study(ws, spec.study)["study"] == spec.study  # the record stays in the workspace
+
+
+@pytest.mark.parametrize("url", ["nosuch://x", "sqlite:////no/such/folder/study.db"])
+def test_a_storage_optuna_cannot_open_is_one_line_naming_it(url):
+    from ledgerlm.lab.tune.study import open_storage
+
+    with pytest.raises(ValueError, match=r"^--storage '") as caught:
+        open_storage(url)
+    assert url in str(caught.value) and "\n" not in str(caught.value)

@@ -24,7 +24,8 @@ import time
 from typing import Any
 
 from ledgerlm.errors import ArgumentError
-from ledgerlm.workspace import Workspace, atomic_write_json, read_json
+from ledgerlm.lab.searches import read_study
+from ledgerlm.workspace import Workspace, atomic_write_json
 
 TRIAL_STATUSES = ("reached", "not reached", "pruned", "failed", "running")
 # Trials whose value ranks them: the others were stopped (pruned), broke or still train.
@@ -51,7 +52,7 @@ def start_record(
     path = workspace.study_file(study)
     digest = plan_digest(plan)
     if path.is_file():
-        record = _read(path)
+        record = read_study(path)
         if record.get("plan_sha256") != digest:
             raise ArgumentError(
                 "{path}: study {id} was planned from another recipe or settings; run it "
@@ -106,17 +107,7 @@ def best_trial(trials: list[dict[str, Any]]) -> dict[str, Any] | None:
 def load_study(workspace: Workspace, ref: str) -> dict[str, Any]:
     """A study's record by name, unique prefix or ``latest`` (complete or not: see its
     ``complete``)."""
-    return _read(workspace.study_file(workspace.resolve_study(ref)))
-
-
-def _read(path: Any) -> dict[str, Any]:
-    try:
-        record = read_json(path)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: not a study record ({exc})") from None
-    if not isinstance(record, dict) or not isinstance(record.get("trials"), list):
-        raise ValueError(f"{path}: not a study record (no list of trials)")
-    return record
+    return read_study(workspace.study_file(workspace.resolve_study(ref)))
 
 
 class StudyClock:

@@ -139,7 +139,19 @@ def open_storage(url: str) -> Any:
 
     if url.startswith("journal:"):
         return JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
-    return optuna.storages.RDBStorage(url)
+    try:
+        return optuna.storages.RDBStorage(url)
+    except (ImportError, optuna.exceptions.OptunaError) as exc:  # no driver, a bad URL
+        raise ValueError(f"--storage {url!r}: {_first_line(exc)}") from None
+    except Exception as exc:  # SQLAlchemy's own errors (an unparsable URL, no server)
+        if type(exc).__module__.split(".")[0] != "sqlalchemy":
+            raise
+        raise ValueError(f"--storage {url!r}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def make_sampler(spec: StudySpec) -> Any:

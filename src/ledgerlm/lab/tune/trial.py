@@ -141,8 +141,6 @@ def _run_id(workspace: Any, name: str) -> str | None:
 def result_row(spec: TrialSpec, summary: dict[str, Any] | None, error: str | None) -> dict:
     """The trial's row of the study's record (``record``'s trial fields) for a finished
     run's ``summary``, or a failed trial's ``error``."""
-    recipe_tree = apply_overrides(spec.base, spec.overrides)
-    metric = recipe_from_dict(recipe_tree).eval.target()[0]
     row: dict[str, Any] = {
         "number": spec.number,
         "name": spec.name,
@@ -159,7 +157,7 @@ def result_row(spec: TrialSpec, summary: dict[str, Any] | None, error: str | Non
         "time_unit": "device",
     }
     if summary is not None:
-        status = summary["run"]["status"]
+        status, metric = summary["run"]["status"], summary["run"]["target_metric"]
         seconds, unit = time_to_target(summary)
         row.update(
             run=summary["run"]["id"],

@@ -245,7 +245,11 @@ def tune(
                     extra = {}
                     if isinstance(pool, InProcess):
                         extra["progress"] = Named(progress, ts.name)
-                    in_flight[pool.submit(run_trial, ts, **extra)] = ts
+                    try:
+                        in_flight[pool.submit(run_trial, ts, **extra)] = ts
+                    except BrokenProcessPool:  # a worker died before its future says so
+                        queue.insert(0, ts)  # submitted again to the new pool
+                        broken = True
                 if not in_flight and not broken:
                     break
                 done, _ = wait(in_flight, return_when=FIRST_COMPLETED)

@@ -760,6 +760,93 @@ class TrainConfig(_Section):
         return self
 
 
+TASK_METRICS: dict[str, tuple[str, ...]] = {
+    "choice": ("acc", "acc_norm"),
+    "exact": ("exact_match",),
+    "bpb": ("bpb",),
+}
+BUILTIN_TASKS: dict[str, str] = {"arith": "exact", "code-next-line": "choice"}
+_TASK_METRIC = re.compile(r"task/([^/\s]+)/([^/\s]+)")
+
+
+class TaskConfig(_Section):
+    """One downstream task scored at every evaluation (``[[eval.tasks]]``): a local JSONL
+    file (nothing is downloaded) or a built-in task made from the built-in corpus's
+    held-out material. Its metrics are ``task/<name>/<metric>`` in the evaluation."""
+
+    name: str = Field(description="The task's name in metric keys (a slug).")
+    path: str | None = Field(
+        None, description="A local JSONL file of records (relative to the recipe's folder)."
+    )
+    builtin: Literal["arith", "code-next-line"] | None = Field(
+        None,
+        description="A built-in task instead of path: arith (exact) or code-next-line "
+        "(choice), made from held-out material of the built-in corpus.",
+    )
+    kind: Literal["choice", "exact", "bpb"] | None = Field(
+        None,
+        description="choice (acc, acc_norm), exact (exact_match of greedy generation) or "
+        "bpb (bits per byte of the answer given the context); a built-in task's own kind "
+        "when unset.",
+    )
+    limit: int = Field(0, ge=0, description="Score the first N records; 0 = all.")
+    few_shot: int = Field(
+        0,
+        ge=0,
+        description="Examples drawn (seeded) from the file's train records, put "
+        "before each context.",
+    )
+    seed: int = Field(1234, description="Seed of the few-shot draw.")
+    context_field: str = Field("context", min_length=1)
+    choices_field: str = Field("choices", min_length=1)
+    gold_field: str = Field("gold", min_length=1)
+    answer_field: str = Field("answer", min_length=1)
+    split_field: str = Field(
+        "split",
+        min_length=1,
+        description="Records whose value here is 'train' are the few-shot pool, never scored.",
+    )
+    delimiter: str = Field(
+        " ", description="Between a context and its continuation (choice or answer)."
+    )
+    fewshot_delimiter: str = Field("\n\n", description="Between few-shot examples.")
+    max_new_tokens: int = Field(16, ge=1, description="exact: tokens generated at most.")
+    stop: list[str] = Field(
+        default_factory=lambda: ["\n"],
+        description="exact: generation ends at the first of these strings.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_slug(cls, name: str) -> str:
+        problem = name_problem(name)
+        if problem is not None:
+            raise ValueError(f"task name {shown(name)}: {problem}")
+        return name
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TaskConfig:
+        if (self.path is None) == (self.builtin is None):
+            raise ValueError(f"task {self.name!r}: give path or builtin, exactly one")
+        if self.builtin is not None and self.kind not in (None, BUILTIN_TASKS[self.builtin]):
+            raise ValueError(
+                f"task {self.name!r}: builtin {self.builtin} is a "
+                f"{BUILTIN_TASKS[self.builtin]} task, not {self.kind}"
+            )
+        if self.builtin is None and self.kind is None:
+            raise ValueError(f"task {self.name!r}: a task file needs its kind")
+        return self
+
+    @property
+    def task_kind(self) -> str:
+        """The kind in force: the recipe's, or the built-in task's own."""
+        return self.kind or BUILTIN_TASKS[str(self.builtin)]
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return TASK_METRICS[self.task_kind]
+
+
 class EvalConfig(_Section):
     """The target contract, fixed before a run: the validation set (``max_tokens`` shared
     by domain), the metric, the threshold, the interval, the confirmation rule and the
@@ -781,8 +868,9 @@ class EvalConfig(_Section):
     )
     metric: str = Field(
         "loss",
-        pattern=r"^loss(/[^/\s]+)?$",
-        description="loss (nat/token over all domains) or loss/<domain>.",
+        pattern=r"^(loss(/[^/\s]+)?|task/[^/\s]+/[^/\s]+)$",
+        description="loss (nat/token over all domains), loss/<domain>, or a task metric "
+        "task/<name>/<metric> (its threshold in targets).",
     )
     target_loss: float = Field(4.0, gt=0, description="Validation loss (nat/token) to confirm.")
     target_bpb: float | None = Field(
@@ -793,9 +881,18 @@ class EvalConfig(_Section):
     )
     targets: dict[str, Annotated[float, Field(gt=0)]] = Field(
         default_factory=dict,
-        description="Per-domain thresholds, e.g. {code = 3.1, math = 2.4}: an evaluation "
-        "confirms only when every listed domain's loss is at or below its own threshold "
-        "as well as the metric at or below target_loss.",
+        description="More thresholds, each of which must hold too: a domain's loss at or "
+        'below it ({code = 3.1}), or a task metric ("task/arith/exact_match" = 0.5): '
+        "accuracies at least, bpb at most.",
+    )
+    confirm_by: Literal["threshold", "interval"] = Field(
+        "threshold",
+        description="interval: a task target holds only when its whole 95% interval is "
+        "on the right side of the threshold (an accuracy's lower bound at least it).",
+    )
+    tasks: list[TaskConfig] = Field(
+        default_factory=list,
+        description="Downstream tasks ([[eval.tasks]]) scored at every evaluation.",
     )
     confirm: int = Field(
         1,
@@ -850,9 +947,45 @@ class EvalConfig(_Section):
         description="A test set fixed by you, instead of data.test_fraction.",
     )
 
+    @model_validator(mode="after")
+    def _task_targets_name_tasks(self) -> EvalConfig:
+        kinds = {t.name: t for t in self.tasks}
+        if len(kinds) < len(self.tasks):
+            names = [t.name for t in self.tasks]
+            twice = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"eval.tasks: task name(s) {', '.join(twice)} given twice")
+        keys = [k for k in self.targets if "/" in k]
+        if self.metric.startswith("task/"):
+            if self.metric not in self.targets:
+                raise ValueError(
+                    f"eval.metric {self.metric} is a task metric: give its threshold in "
+                    f'eval.targets ("{self.metric}" = ...)'
+                )
+            if self.target_bpb is not None:
+                raise ValueError("target_bpb is for a loss metric, not a task metric")
+            if self.project:
+                raise ValueError("eval.project fits a loss curve: not with a task metric")
+        for key in keys:
+            found = _TASK_METRIC.fullmatch(key)
+            if found is None:
+                raise ValueError(f"eval.targets key {key!r}: a domain name or task/<name>/<metric>")
+            name, metric = found.groups()
+            if name not in kinds:
+                raise ValueError(f"eval.targets {key}: no task {name!r} in eval.tasks")
+            if metric not in kinds[name].metrics:
+                raise ValueError(
+                    f"eval.targets {key}: a {kinds[name].task_kind} task has "
+                    f"{', '.join(kinds[name].metrics)}, not {metric}"
+                )
+        return self
+
     def target(self) -> tuple[str, float, str]:
         """(metric, threshold, unit) of the target: the loss in nat/token, or with
-        ``target_bpb`` the same measure in bits per byte."""
+        ``target_bpb`` the same measure in bits per byte, or a task metric with its
+        threshold in ``targets`` (an accuracy, or bits per byte)."""
+        if self.metric.startswith("task/"):
+            unit = "bit/byte" if self.metric.endswith("/bpb") else "accuracy"
+            return self.metric, self.targets[self.metric], unit
         if self.target_bpb is None:
             return self.metric, self.target_loss, "nat/token"
         return "bpb" + self.metric.removeprefix("loss"), self.target_bpb, "bit/byte"
@@ -866,6 +999,8 @@ class EvalConfig(_Section):
             "threshold": threshold,
             "targets": dict(self.targets),
             "confirm": self.confirm,
+            "confirm_by": self.confirm_by,
+            "tasks": [t.model_dump(exclude_defaults=True) for t in self.tasks],
             "every_steps": None if self.every_tokens else self.every_steps,
             "every_tokens": self.every_tokens or None,
             "val_max_tokens": self.max_tokens,

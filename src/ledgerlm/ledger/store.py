@@ -781,6 +781,7 @@ class Ledger:
             run["target_value"],
             int(contract.get("confirm", 1)),
             contract.get("targets") or {},
+            contract.get("confirm_by", "threshold"),
         )
         if verdict.reached and verdict.evaluation is not None:
             ids = {p["id"] for p in charged(phases, verdict.evaluation)}

@@ -81,13 +81,46 @@ class TimeToTarget:
         return f"target reached at step {self.step} after {self.seconds:.1f} s"
 
 
-def _at_or_below(metrics: Mapping[str, Any], name: str, threshold: float) -> bool:
+# Metrics that are better higher (a task's accuracies); every other metric (losses,
+# bits per byte) is better lower.
+HIGHER_IS_BETTER = ("acc", "acc_norm", "exact_match")
+
+
+def higher_is_better(metric: str) -> bool:
+    """Whether ``metric`` improves upwards: ``task/<name>/acc``, ``acc_norm`` and
+    ``exact_match`` do; losses and bits per byte (``task/<name>/bpb`` too) go down."""
+    return metric.startswith("task/") and metric.rsplit("/", 1)[-1] in HIGHER_IS_BETTER
+
+
+def target_key(key: str) -> str:
+    """The metric a key of ``eval.targets`` stands for: a bare domain is its
+    ``loss/<domain>``, anything with a ``/`` is a metric name itself."""
+    return key if "/" in key else f"loss/{key}"
+
+
+def _number(metrics: Mapping[str, Any], name: str) -> float | None:
     # A missing, non-numeric or non-finite value is a failed measurement, not a success:
     # NaN compares False anyway, but -inf would otherwise "beat" any threshold.
     value = metrics.get(name)
     if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def holds(
+    metrics: Mapping[str, Any], name: str, threshold: float, confirm_by: str = "threshold"
+) -> bool:
+    """Whether one metric is on the right side of its threshold: at most it for losses
+    and bits per byte, at least it for accuracies. With ``confirm_by="interval"`` a task
+    metric is judged by the far end of its 95% interval (``<name>_low`` of an accuracy,
+    ``<name>_high`` of bits per byte), so it holds only beyond the allowed error."""
+    up = higher_is_better(name)
+    if confirm_by == "interval" and name.startswith("task/"):
+        name = f"{name}_low" if up else f"{name}_high"
+    value = _number(metrics, name)
+    if value is None:
         return False
-    return math.isfinite(value) and value <= threshold
+    return value >= threshold if up else value <= threshold
 
 
 def meets(
@@ -95,12 +128,14 @@ def meets(
     metric: str,
     threshold: float,
     targets: Mapping[str, float] | None = None,
+    confirm_by: str = "threshold",
 ) -> bool:
-    """Whether one evaluation meets the target: ``metric <= threshold`` and, for every
-    domain of ``targets``, ``loss/<domain>`` at or below its own threshold."""
-    if not metrics or not _at_or_below(metrics, metric, threshold):
+    """Whether one evaluation meets the target: ``metric`` on the right side of
+    ``threshold`` (``holds``) and every key of ``targets`` as well (a bare domain's
+    ``loss/<domain>`` at or below its threshold, a task metric by its direction)."""
+    if not metrics or not holds(metrics, metric, threshold, confirm_by):
         return False
-    return all(_at_or_below(metrics, f"loss/{d}", t) for d, t in (targets or {}).items())
+    return all(holds(metrics, target_key(k), t, confirm_by) for k, t in (targets or {}).items())
 
 
 def _phase_seconds(phase: Mapping[str, Any]) -> float:
@@ -139,6 +174,7 @@ def time_to_target(
     threshold: float,
     confirm: int = 1,
     targets: Mapping[str, float] | None = None,
+    confirm_by: str = "threshold",
 ) -> TimeToTarget:
     """Apply the confirmation rule: the target is confirmed at the first evaluation (by
     step) that completes ``confirm`` consecutive evaluations that ``meets`` it
@@ -155,7 +191,8 @@ def time_to_target(
     ordered = sorted(evaluations, key=lambda ev: ev["step"])
     confirming, streak = None, 0
     for ev in ordered:
-        streak = streak + 1 if meets(ev.get("metrics"), metric, threshold, targets) else 0
+        ok = meets(ev.get("metrics"), metric, threshold, targets, confirm_by)
+        streak = streak + 1 if ok else 0
         if streak == confirm:
             confirming = ev
             break

@@ -460,7 +460,7 @@ class EvalCallback:
         are the asynchronous snapshot's that ``record`` scored (None: the trainer's)."""
         cfg = self.cfg
         metric, threshold, _ = cfg.target()
-        ok = meets(record["metrics"], metric, threshold, cfg.targets)
+        ok = meets(record["metrics"], metric, threshold, cfg.targets, cfg.confirm_by)
         self._streak = self._streak + 1 if ok else 0
         if self.reached_step is None and self._streak >= self.cfg.confirm:
             self.reached_step, self.confirming = record["step"], record

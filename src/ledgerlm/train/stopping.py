@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ledgerlm.config import EvalConfig
+from ledgerlm.ledger.target import higher_is_better
 
 STOP_STATUSES = ("not reached", "pruned")
 
@@ -72,8 +73,9 @@ class Patience:
         self, record: Mapping[str, Any], history: Sequence[Mapping[str, Any]]
     ) -> Stop | None:
         best, best_step, since = math.nan, None, 0
+        sign = -1.0 if higher_is_better(self.metric) else 1.0
         for h in history:
-            value = _value(h, self.metric)
+            value = _value(h, self.metric) * sign  # an accuracy is better higher
             if (best_step is None and not math.isnan(value)) or value < best - self.min_delta:
                 best, best_step, since = value, h["step"], 0
             else:
@@ -82,7 +84,7 @@ class Patience:
             return None
         detail = {
             "metric": self.metric,
-            "best": best,
+            "best": best * sign,
             "best_step": best_step,
             "evaluations": self.evaluations,
             "min_delta": self.min_delta,

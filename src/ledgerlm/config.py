@@ -830,8 +830,8 @@ class TaskConfig(_Section):
             raise ValueError(f"task {self.name!r}: give path or builtin, exactly one")
         if self.builtin is not None and self.kind not in (None, BUILTIN_TASKS[self.builtin]):
             raise ValueError(
-                f"task {self.name!r}: builtin {self.builtin} is a "
-                f"{BUILTIN_TASKS[self.builtin]} task, not {self.kind}"
+                f"task {self.name!r}: builtin {self.builtin} is of kind "
+                f"{BUILTIN_TASKS[self.builtin]}, not {self.kind}"
             )
         if self.builtin is None and self.kind is None:
             raise ValueError(f"task {self.name!r}: a task file needs its kind")
@@ -974,7 +974,7 @@ class EvalConfig(_Section):
                 raise ValueError(f"eval.targets {key}: no task {name!r} in eval.tasks")
             if metric not in kinds[name].metrics:
                 raise ValueError(
-                    f"eval.targets {key}: a {kinds[name].task_kind} task has "
+                    f"eval.targets {key}: task {name} ({kinds[name].task_kind}) has "
                     f"{', '.join(kinds[name].metrics)}, not {metric}"
                 )
         return self

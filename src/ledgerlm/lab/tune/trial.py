@@ -20,7 +20,9 @@ The value told to the study (both objectives are minimised):
 - ``metric``: the validation metric at the last evaluation (at the budget, or where
   the target was confirmed).
 
-A pruned trial is told as Optuna's PRUNED and a failed one as FAIL (no value).
+A pruned trial is told as Optuna's PRUNED and a failed one as FAIL (no value). A metric
+that is better higher (a task's accuracy as the target) is told negated, to the pruner
+and in both objectives, so minimising still means better.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 
 from ledgerlm.config import apply_overrides, recipe_from_dict
 from ledgerlm.lab.tune.record import trial_name
+from ledgerlm.ledger.target import higher_is_better
 from ledgerlm.train.stopping import Stop
 
 MISSED = 1e9
@@ -71,7 +74,7 @@ class PrunerRule:
     def __call__(self, record: Any, history: Any) -> Stop | None:
         step = int(record["step"])
         value = float(record["metrics"][self.metric])
-        self.trial.report(value, step)
+        self.trial.report(told(self.metric, value), step)
         if step >= self.max_steps or not self.trial.should_prune():
             return None
         return Stop(
@@ -79,6 +82,11 @@ class PrunerRule:
             status="pruned",
             detail={"pruner": self.pruner, "step": step, "value": value},
         )
+
+
+def told(metric: str, value: float) -> float:
+    """``value`` of ``metric`` as the study minimises it: negated when higher is better."""
+    return -value if higher_is_better(metric) else value
 
 
 def trial_recipe(spec: TrialSpec) -> Any:
@@ -122,11 +130,11 @@ def objective_value(objective: str, status: str, summary: dict[str, Any], metric
     if status not in ("reached", "not reached") or last is None:
         return None
     if objective == "metric":
-        return last
+        return told(metric, last)
     seconds, _ = time_to_target(summary)
     if status == "reached" and seconds is not None:
         return seconds
-    return MISSED + last
+    return MISSED + told(metric, last)
 
 
 def _run_id(workspace: Any, name: str) -> str | None:

@@ -37,6 +37,7 @@ RESUME = "resume"  # where a resumed run went on from (plain text)
 CLOSED_OPEN_PHASES = "closed_open_phases"  # the phases a resume found open and closed
 ENVIRONMENT = "environment"  # device, versions, TF32 and NCCL settings a (re)start trains with
 RESOURCES = "resources"  # what a (re)start holds: devices, ranks, hosts, price (ledger.resources)
+TASKS = "tasks"  # the downstream tasks a (re)start scores: name, kind, path, digest, items
 
 WARNING_EVENTS = (
     ERROR,

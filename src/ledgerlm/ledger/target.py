@@ -9,6 +9,12 @@ the evaluation phase that confirmed the target, and covers every phase before it
 The same bill in device time is ``device_seconds``: each phase's wall seconds x the
 devices the run held then (``ledger.resources``), which two ranks double.
 
+An evaluation written after the fact (``ledgerlm eval`` on a finished run's snapshot)
+is bound to a phase of kind ``eval_after`` (``EVAL_AFTER``): it says how good a snapshot
+was, not when the run knew it, so it never confirms a target nor breaks a streak, and
+its phase is never on the bill. The seconds the downstream tasks took within the
+charged evaluations are their own row of the bill (``task_seconds``), out of ``eval``.
+
 These are pure functions over plain rows so that the rule can be tested and reused
 without a database.
 """
@@ -36,6 +42,8 @@ class TimeToTarget:
     # wall x devices held of the charged phases (ledger.resources); None unless reached
     device_seconds: float | None = None
     cost: dict[str, Any] | None = None  # {currency_per_device_hour, amount, key} when priced
+    # of the charged eval phases' seconds, those their tasks took; None without tasks
+    task_seconds: float | None = None
 
     @property
     def device_hours(self) -> float | None:
@@ -55,6 +63,7 @@ class TimeToTarget:
             targets=d.get("targets", {}),
             device_seconds=d.get("device_seconds"),  # absent from summaries before it
             cost=d.get("cost"),
+            task_seconds=d.get("task_seconds"),  # absent from summaries before tasks
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -72,6 +81,7 @@ class TimeToTarget:
             "device_seconds": self.device_seconds,
             "device_hours": self.device_hours,
             "cost": dict(self.cost) if self.cost is not None else None,
+            "task_seconds": self.task_seconds,
         }
 
     def describe(self) -> str:
@@ -158,13 +168,38 @@ def _phase_device_seconds(phase: Mapping[str, Any]) -> float:
     return value if math.isfinite(value) else 0.0
 
 
+EVAL_AFTER = "eval_after"  # the phase of an evaluation written after the fact
+
+
 def charged(
     phases: Sequence[Mapping[str, Any]], evaluation: Mapping[str, Any]
 ) -> list[Mapping[str, Any]]:
     """The phases on the bill of a target confirmed at ``evaluation``: every phase up to
-    and including the evaluation's (all of them when it is bound to none)."""
+    and including the evaluation's (all of them when it is bound to none), except the
+    after-the-fact evaluations' (``EVAL_AFTER``), which the run did not wait for."""
     limit = evaluation.get("phase_id")
-    return [p for p in phases if limit is None or p["id"] <= limit]
+    return [p for p in phases if (limit is None or p["id"] <= limit) and p["kind"] != EVAL_AFTER]
+
+
+def in_the_run(
+    phases: Sequence[Mapping[str, Any]], evaluations: Sequence[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """The evaluations the confirmation rule reads: all but those bound to an
+    ``EVAL_AFTER`` phase (scored after the fact, they neither confirm nor break a streak)."""
+    after = {p["id"] for p in phases if p["kind"] == EVAL_AFTER}
+    return [ev for ev in evaluations if ev.get("phase_id") not in after]
+
+
+def task_seconds(bill: Sequence[Mapping[str, Any]]) -> float | None:
+    """The seconds the downstream tasks took within the ``eval`` phases of ``bill`` (their
+    detail's ``task_seconds``, per task); None when none of them scored a task."""
+    spent = [
+        float(s)
+        for p in bill
+        if p["kind"] == "eval"
+        for s in ((p.get("detail") or {}).get("task_seconds") or {}).values()
+    ]
+    return sum(spent) if spent else None
 
 
 def time_to_target(
@@ -183,12 +218,13 @@ def time_to_target(
     Phase ids are insertion order, which is time order, so "everything spent until the
     confirming evaluation finished" is every phase whose id is at most that evaluation's
     phase id. An evaluation not bound to a phase cannot bound the bill, so all recorded
-    phases are charged: overstating cost is safe, understating it is not.
+    phases are charged: overstating cost is safe, understating it is not. Evaluations
+    made after the fact are skipped (``in_the_run``) and their phases never charged.
     """
     if confirm < 1:
         raise ValueError(f"confirm must be >= 1, got {confirm}")
     # sorted() is stable: evaluations at the same step keep their given (id) order.
-    ordered = sorted(evaluations, key=lambda ev: ev["step"])
+    ordered = sorted(in_the_run(phases, evaluations), key=lambda ev: ev["step"])
     confirming, streak = None, 0
     for ev in ordered:
         ok = meets(ev.get("metrics"), metric, threshold, targets, confirm_by)
@@ -223,4 +259,5 @@ def time_to_target(
         threshold=threshold,
         targets=dict(targets or {}),
         device_seconds=sum(_phase_device_seconds(p) for p in bill),
+        task_seconds=task_seconds(bill),
     )

@@ -1,0 +1,35 @@
+"""Text into tokens as lm-evaluation-harness cuts a context and its continuation.
+
+``_encode_pair`` (harness 0.4): the context's trailing whitespace moves to the
+continuation (so " Paris" is scored as the word it is, not a lone space and "Paris"),
+``context + continuation`` is encoded whole and the context alone, and the
+continuation's tokens are the whole's after as many tokens as the context has. A token
+that spans the boundary is the continuation's; the context tokens are the whole's first
+ones, which may differ from the context encoded alone only in the last token. Scoring
+in process and through the harness therefore reads the same tokens.
+"""
+
+from __future__ import annotations
+
+from tokenizers import Tokenizer
+
+
+def encode(tokenizer: Tokenizer, text: str) -> list[int]:
+    """``text``'s token ids, no special tokens added (BOS is the scorer's)."""
+    return tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def split_pair(context: str, continuation: str) -> tuple[str, str]:
+    """The context's trailing whitespace moved to the continuation."""
+    stripped = context.rstrip()
+    return stripped, context[len(stripped) :] + continuation
+
+
+def encode_pair(
+    tokenizer: Tokenizer, context: str, continuation: str
+) -> tuple[list[int], list[int]]:
+    """(context tokens, continuation tokens) of a pair (module doc)."""
+    context, continuation = split_pair(context, continuation)
+    whole = encode(tokenizer, context + continuation)
+    n = len(encode(tokenizer, context))
+    return whole[:n], whole[n:]

@@ -29,7 +29,9 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ledgerlm.config import TASK_METRICS
 from ledgerlm.ledger.events import TEST_EVALUATION
+from ledgerlm.ledger.target import higher_is_better
 
 RULE = (
     "time-to-target = wall time of all phases up to the evaluation that confirms the "
@@ -42,7 +44,10 @@ RULE = (
     "'recipe' when the confirmed steps or tokens differ, so the recipe changed how much "
     "training the target needs. Steps to target are known only at evaluation "
     "granularity (eval every N steps). Runs whose recipes are equal apart from "
-    "train.seed (and the run name) form one seed group: mean, min-max, sample std, n. "
+    "train.seed (and the run name) form one seed group: mean, min-max, sample std, n, "
+    "of the time to target and of each final metric (the validation loss, every task "
+    "metric). A run whose validation loss is lower than the baseline's while a task "
+    "metric is no better (by its direction: accuracies up, bits per byte down) is named. "
     "All of this is measured on the validation set, which is the tuning set: a recipe "
     "difference found there is not the final figure, which is the test-set score of the "
     "snapshot that confirmed the target, or of the final weights (data.test_fraction > 0)."
@@ -207,6 +212,10 @@ def run_figures(summary: Mapping[str, Any]) -> dict[str, Any]:
         "tests": test_records(summary),
         "final_domains": final_domain_losses(summary),
         "final_value": final_value(summary),
+        "val_metric": val_metric(summary),
+        "final_metrics": final_metrics(summary),
+        "task_seconds": sum(task_seconds(summary).values()),
+        "task_seconds_to_target": finite(ttt.get("task_seconds")) if ttt["reached"] else None,
     }
 
 
@@ -227,6 +236,129 @@ def final_domain_losses(summary: Mapping[str, Any]) -> dict[str, float | None]:
         return {}
     last = max(evaluations, key=lambda ev: ev["step"])["metrics"]
     return {k.split("/", 1)[1]: finite(v) for k, v in sorted(last.items()) if k.startswith("loss/")}
+
+
+# ---------------------------------------------------------------------------- tasks
+
+# The phase kind of an evaluation written after the fact (``ledgerlm eval``): it never
+# confirms a target and is never on the bill.
+EVAL_AFTER = "eval_after"
+_TASK_VALUES = frozenset(m for metrics in TASK_METRICS.values() for m in metrics)
+
+
+def is_task_metric(key: str) -> bool:
+    """Whether ``key`` is a task metric's value, ``task/<name>/<metric>``: not its
+    ``_stderr``, ``_low``, ``_high`` nor the task's ``items``."""
+    parts = key.split("/")
+    return len(parts) == 3 and parts[0] == "task" and parts[2] in _TASK_VALUES
+
+
+def task_metric_names(evaluations: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The task metrics the evaluations hold, in the order first seen (the recipe's)."""
+    found = {k: None for ev in evaluations for k in ev.get("metrics") or {} if is_task_metric(k)}
+    return list(found)
+
+
+def after_the_fact(summary: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
+    """The evaluations written after the fact (bound to an ``eval_after`` phase): each
+    one's id with its phase's detail (``snapshot_step``, ``harness``, ``task_seconds``)."""
+    later = {p["id"]: p for p in summary.get("phases", []) if p.get("kind") == EVAL_AFTER}
+    return {
+        ev["id"]: dict(later[ev["phase_id"]].get("detail") or {})
+        for ev in summary.get("evaluations", [])
+        if ev.get("phase_id") in later
+    }
+
+
+def task_seconds(summary: Mapping[str, Any], kind: str = "eval") -> dict[str, float]:
+    """Seconds spent scoring each task over the run's phases of ``kind`` (the detail's
+    ``task_seconds`` of each evaluation phase), by task name."""
+    out: dict[str, float] = {}
+    for phase in summary.get("phases", []):
+        if phase.get("kind") != kind:
+            continue
+        for name, seconds in ((phase.get("detail") or {}).get("task_seconds") or {}).items():
+            if (value := finite(seconds)) is not None:
+                out[name] = out.get(name, 0.0) + value
+    return out
+
+
+def val_metric(summary: Mapping[str, Any]) -> str:
+    """The run's validation measure: its target metric, or the loss when the target is a
+    task metric."""
+    metric = str(summary["run"].get("target_metric") or "loss")
+    return "loss" if metric.startswith("task/") else metric
+
+
+def final_metrics(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The validation measure and every task metric at the run's last evaluation that
+    measured each (an evaluation after the fact counts: it scored the run's weights):
+    ``{metric: {"value", "stderr", "step"}}``, the validation measure first."""
+    evaluations = sorted(summary.get("evaluations") or [], key=lambda ev: (ev["step"], ev["id"]))
+    out: dict[str, dict[str, Any]] = {}
+    for key in [val_metric(summary), *task_metric_names(evaluations)]:
+        for ev in reversed(evaluations):
+            metrics = ev.get("metrics") or {}
+            if (value := finite(metrics.get(key))) is not None:
+                stderr = finite(metrics.get(f"{key}_stderr"))
+                out[key] = {"value": value, "stderr": stderr, "step": ev["step"]}
+                break
+    return out
+
+
+def pm(value: float | None, stderr: float | None) -> str:
+    """``0.62±0.07``: a value to the decimal of its standard error's first digit (two
+    decimals at least, five at most), ``-`` when unknown."""
+    if value is None:
+        return "-"
+    if stderr is None:
+        return f"{value:.4f}"
+    digits = 2 if stderr <= 0 else min(5, max(2, -math.floor(math.log10(stderr))))
+    return f"{value:.{digits}f}±{stderr:.{digits}f}"
+
+
+def _better(metric: str, new: float, old: float) -> bool:
+    return new > old if higher_is_better(metric) else new < old
+
+
+def task_check(base: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:
+    """Whether ``other``'s validation measure improved on the baseline's (lower) while a
+    task metric did not (by its direction), from each run's ``final_metrics``.
+
+    ``line`` says so in one line with both figures and their standard errors; ``None``
+    when the validation measure did not improve or every task metric did too."""
+    metric = base["val_metric"]
+    a, b = (f["final_metrics"].get(metric) for f in (base, other))
+    out: dict[str, Any] = {"metric": metric, "improved": None, "tasks": [], "line": None}
+    if a is None or b is None:
+        return out
+    out["improved"] = b["value"] < a["value"]
+    for key in base["final_metrics"]:
+        x, y = base["final_metrics"][key], other["final_metrics"].get(key)
+        if key == metric or y is None:
+            continue
+        out["tasks"].append(
+            {
+                "metric": key,
+                "baseline": x["value"],
+                "baseline_stderr": x["stderr"],
+                "run": y["value"],
+                "run_stderr": y["stderr"],
+                "improved": _better(key, y["value"], x["value"]),
+            }
+        )
+    worse = [t for t in out["tasks"] if not t["improved"]]
+    if out["improved"] and worse:
+        cells = "; ".join(
+            f"{t['metric']} {pm(t['run'], t['run_stderr'])} vs "
+            f"{pm(t['baseline'], t['baseline_stderr'])}"
+            for t in worse
+        )
+        out["line"] = (
+            f"{other['id']}: val {metric} improved ({b['value']:.4f} vs {a['value']:.4f}, "
+            f"baseline) but not {cells} (run vs baseline, ±stderr)"
+        )
+    return out
 
 
 def domain_deltas(base: Mapping[str, Any], other: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -283,6 +415,11 @@ def seed_groups(
             train_step_seconds=spread(
                 [f["train_step_seconds"] for f in figs if f["train_step_seconds"] is not None]
             ),
+            final_metrics=[
+                {"metric": key, **spread([f["final_metrics"][key]["value"] for f in have])}
+                for key in dict.fromkeys(k for f in figs for k in f["final_metrics"])
+                if (have := [f for f in figs if key in f["final_metrics"]])
+            ],
         )
         out.append(g)
     return out
@@ -454,7 +591,11 @@ def compare_runs(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     figures = [run_figures(s) for s in summaries]
     base = figures[0]
     comparisons = [
-        {**classify(base, fig, summaries[0], summary), "domains": domain_deltas(base, fig)}
+        {
+            **classify(base, fig, summaries[0], summary),
+            "domains": domain_deltas(base, fig),
+            "task_check": task_check(base, fig),
+        }
         for fig, summary in zip(figures[1:], summaries[1:], strict=True)
     ]
     measured = [f for f in figures if f["test"] is not None]

@@ -154,13 +154,15 @@ def code_next_line_records(
     pool: int = POOL,
 ) -> list[dict[str, Any]]:
     """One record per function (items stay independent for the binomial error): the
-    first ``pool`` are few-shot records, then at most ``items`` scored ones. Functions are
+    first ``pool`` (at most a fifth of the functions) are few-shot records, then at most
+    ``items`` scored ones. Functions are
     shuffled (seeded) first, so a ``limit`` takes a sample of every module, not the first
     files in name order. Distractors are non-blank lines of other functions whose
     stripped text differs from the gold's and from each other's."""
     usable = [fn for fn in functions if _gold_lines(fn)]
     rng = random.Random(f"task-code-next-line:{seed}")
     rng.shuffle(usable)
+    pool = min(pool, len(usable) // 5)  # a small version keeps most functions to score
     usable = usable[: pool + items]
     elsewhere = [(k, fn.lines[j]) for k, fn in enumerate(usable) for j in range(1, len(fn.lines))]
     elsewhere = [(k, line) for k, line in elsewhere if line.strip()]

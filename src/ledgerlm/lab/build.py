@@ -18,6 +18,7 @@ from ledgerlm.config import Recipe, TrainConfig
 from ledgerlm.lab.mixture import segments, token_budget
 from ledgerlm.ledger import events
 from ledgerlm.model.gpt import GPT
+from ledgerlm.tasks.items import TaskSet
 from ledgerlm.tokens.loader import test_batches, train_batches, validation_batches
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.shards import TokenStore
@@ -32,6 +33,7 @@ from ledgerlm.train.parallelize import pad_rows, parallelize
 from ledgerlm.train.progress import ProgressCallback
 from ledgerlm.train.record import Recorder
 from ledgerlm.train.stopping import StopRule, plan_rules
+from ledgerlm.train.task_eval import Tasks
 
 
 def rank_threads(train: TrainConfig) -> int:
@@ -146,6 +148,20 @@ def test_set(store: TokenStore, recipe: Recipe) -> list[Batch]:
     return pad_rows(test, rows) if recipe.train.compile else test
 
 
+def run_tasks(recipe: Recipe, store: TokenStore, sets: Sequence[TaskSet] | None) -> Tasks | None:
+    """The recipe's downstream tasks as the evaluator scores them (``None`` without any):
+    the items rank 0 resolved (``sets``; ``None`` on the other ranks, which get rank 0's
+    when training starts), with the token version's tokenizer, BOS (every training
+    document starts with it) and EOS, the context of ``pack.seq_len`` tokens and forwards of
+    ``train.micro_batch_rows`` rows, as the validation batches."""
+    if not recipe.eval.tasks:
+        return None
+    frozen = tuple(sets) if sets is not None else None
+    rows = recipe.train.micro_batch_rows
+    bos, eos = store.special.get("bos"), store.special.get("eos")
+    return Tasks(frozen, store.tokenizer, bos, eos, recipe.pack.seq_len, rows)
+
+
 def build_evaluator(
     val: list[Batch],
     recipe: Recipe,
@@ -154,6 +170,7 @@ def build_evaluator(
     saved: dict[str, Any] | None = None,
     rules: Sequence[StopRule] = (),
     ranks: int = 1,
+    tasks: Sequence[TaskSet] | None = None,
 ) -> EvalCallback:
     """The run's evaluator on the validation batches ``val``. A resumed (or restarted)
     run passes the ``earlier`` evaluations the ledger holds and the checkpoint's state
@@ -161,15 +178,17 @@ def build_evaluator(
     checkpoint says was owed (``lab.skeleton.checkpointed_if_locked``). The recipe's
     stopping plan (``eval.patience``, ``eval.project``: ``train.stopping.plan_rules``, on
     the token budget of ``ranks`` ranks, the ranks the run's global batch is made for)
-    and then ``rules`` (a tuning trial's pruner) may stop the run early at an evaluation."""
+    and then ``rules`` (a tuning trial's pruner) may stop the run early at an evaluation.
+    ``tasks``: the recipe's downstream tasks as rank 0 resolved them (``run_tasks``)."""
     planned = plan_rules(recipe.eval, token_budget(recipe, ranks))
     rules = (*planned, *rules)
     args = (val, recipe.eval, recipe.pack.attention, store.domains, store.text, rules)
+    scored = run_tasks(recipe, store, tasks)
     if earlier is None:
-        return EvalCallback(*args)
+        return EvalCallback(*args, tasks=scored)
     step = saved["step"] if saved else 0
     owed = bool(saved and saved.get("owed_evaluation"))
-    return ResumedEval(*args, earlier=earlier, step=step, owed=owed)
+    return ResumedEval(*args, earlier=earlier, step=step, owed=owed, tasks=scored)
 
 
 def same_replicas(model: torch.nn.Module, world: World) -> None:

@@ -149,8 +149,10 @@ def resume_run(
                 ranks = saved.get("ranks", 1) if saved else world.size
                 training = same_global_batch(recipe, ranks, world)
 
-                sets = eval_sets(recorder, store, recipe)
-                evaluator = build_evaluator(sets.val, recipe, store, earlier, saved, rules, ranks)
+                sets = eval_sets(recorder, store, recipe, workspace, data.path)
+                evaluator = build_evaluator(
+                    sets.val, recipe, store, earlier, saved, rules, ranks, tasks=sets.tasks
+                )
                 train_run(
                     recorder,
                     training,

@@ -219,7 +219,7 @@ def run_recipe(
             mixture_plan = record_plan(recorder, recipe, store, world.size)
             if on_plan is not None:
                 on_plan(mixture_plan)
-            sets = eval_sets(recorder, store, recipe)
+            sets = eval_sets(recorder, store, recipe, workspace, data.path)
             contract = {
                 **recipe.eval.contract(),
                 "val_targets": sum(b.num_targets for b in sets.val),
@@ -230,7 +230,9 @@ def run_recipe(
 
             recorder.start("setup", what="model, optimizer, data stream")
             parts, _ = build_parts(recipe, store, world)
-            evaluator = build_evaluator(sets.val, recipe, store, rules=rules, ranks=world.size)
+            evaluator = build_evaluator(
+                sets.val, recipe, store, rules=rules, ranks=world.size, tasks=sets.tasks
+            )
             shift = None
             if init is not None:
                 recorder.start("restore", what=f"initial weights of {init.run_id}")

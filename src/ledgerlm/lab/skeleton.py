@@ -25,15 +25,18 @@ from ledgerlm.lab.build import Parts, build_trainer, test_set, val_batches
 from ledgerlm.lab.continued import InitSource
 from ledgerlm.lab.recorder import LedgerRecorder
 from ledgerlm.lab.signals import received, signal_name, undisturbed
+from ledgerlm.lab.tasks import resolve_tasks, task_record
 from ledgerlm.ledger import events
 from ledgerlm.ledger.store import LedgerBusyError, LedgerError
 from ledgerlm.progress import NullProgress, Progress
+from ledgerlm.tasks.items import TaskSet
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.shards import TokenStore, build_tokens
 from ledgerlm.train.checkpointing import checkpointer
 from ledgerlm.train.distributed import World, one_process
 from ledgerlm.train.evaluate import EvalCallback, unigram_entropy
 from ledgerlm.train.loop import Trainer
+from ledgerlm.train.task_eval import check_sharded
 from ledgerlm.workspace import BuiltVersion, Workspace
 
 
@@ -109,6 +112,7 @@ def check_contract(recipe: Recipe, world: World) -> None:
             "train.optimizer = 'muon' orthogonalizes whole matrices, which FSDP shards; "
             "use train.parallel = 'ddp' with muon"
         )
+    check_sharded(recipe.eval.tasks, world)
 
 
 def check_metric(recipe: Recipe, store: TokenStore) -> None:
@@ -130,19 +134,35 @@ def check_metric(recipe: Recipe, store: TokenStore) -> None:
 
 @dataclass
 class EvalSets:
-    """The fixed validation set (its unigram entropy) and the test set."""
+    """The fixed validation set (its unigram entropy), the test set and the downstream
+    tasks' items."""
 
     val: list[Batch]
     entropy: float
     test: list[Batch]
+    tasks: list[TaskSet]
 
 
-def eval_sets(recorder: LedgerRecorder, store: TokenStore, recipe: Recipe) -> EvalSets:
-    """Build the validation and test batches as an ``eval`` phase."""
+def eval_sets(
+    recorder: LedgerRecorder,
+    store: TokenStore,
+    recipe: Recipe,
+    workspace: Workspace,
+    data_dir: Path | None,
+) -> EvalSets:
+    """Build the validation and test batches and resolve the recipe's tasks (built-in
+    ones from the data version in ``data_dir``) as an ``eval`` phase. The ``tasks``
+    event names each task's kind, file, sha256 and item count (``lab.tasks.task_record``;
+    a built-in task's contamination check too): what the run scores,
+    fixed as it starts (a resume resolves them again and records them again). A task
+    file that cannot be read is one line here, before training."""
     recorder.start("eval", what="build validation set")
     val = val_batches(store, recipe)
     test = test_set(store, recipe)
-    return EvalSets(val, unigram_entropy(val), test)
+    tasks = resolve_tasks(recipe.eval.tasks, workspace, store, data_dir)
+    if tasks:
+        recorder.event(events.TASKS, json.dumps([task_record(t) for t in tasks]))
+    return EvalSets(val, unigram_entropy(val), test, tasks)
 
 
 def train_run(

@@ -28,6 +28,7 @@ from ledgerlm.train.distributed import World
 from ledgerlm.train.record import Section
 from ledgerlm.train.snapshot import reshard, swapped, weights_digest
 from ledgerlm.train.stopping import StopRule
+from ledgerlm.train.task_eval import Tasks
 
 
 def unigram_entropy(val: Sequence[Batch]) -> float:
@@ -213,6 +214,13 @@ class EvalCallback:
     phase detail keeps the evaluation's own wall and compute (thread CPU) seconds.
     One evaluation is in flight at a time; the last one is always synchronous.
 
+    The run's downstream ``tasks`` (``train.task_eval``) are scored at every evaluation
+    on the snapshot the validation loss scored, their metrics (``task/<name>/...``)
+    merged into the evaluation's, so the confirmation rule reads them, and their
+    seconds per task in the ``eval`` phase's detail (``task_seconds``): in the same
+    phase as the validation loss, in the background thread on the same copy, or at the
+    boundary of the last piece with the same weights swapped in.
+
     The snapshot that confirms the target is the one the test split is scored on after
     training (``test_snapshots``, ``score_test``), and the final weights as well when
     they differ. Its weights are kept (``kept``) where training goes on past it: the
@@ -224,8 +232,9 @@ class EvalCallback:
     (and a sharded model cannot be copied), so every rank keeps a copy of its own
     parameters' data at the due step and scores it ``PIECE_ROUNDS`` batches at a time
     at the following update boundaries, swapping it in for the length of each piece:
-    an ``eval`` phase each, the last one holding the result. Every rank finishes at the
-    same boundary, so the confirmation rule stops them all after the same update.
+    an ``eval`` phase each, the last one holding the result (and the tasks). Every rank
+    finishes at the same boundary, so the confirmation rule stops them all after the
+    same update.
     """
 
     val: list[Batch]
@@ -234,6 +243,7 @@ class EvalCallback:
     domains: list[str]
     text: TokenText | None = None  # with it, evaluations also give bits per byte
     rules: Sequence[StopRule] = ()  # what may stop the run early (``train.stopping``)
+    tasks: Tasks | None = None  # the downstream tasks scored at each evaluation
     history: list[dict[str, Any]] = field(default_factory=list)
     reached_step: int | None = None
     owed: bool = False  # an evaluation was due and its result is not recorded yet
@@ -250,6 +260,8 @@ class EvalCallback:
 
     def on_train_start(self, trainer) -> None:
         self._prev_tokens = trainer.state.tokens
+        if self.tasks is not None:  # rank 0's items on every rank, before any evaluation
+            self.tasks = self.tasks.shared(getattr(trainer, "world", None))
 
     def on_step_end(self, trainer) -> None:
         self.collect(trainer, wait=False)
@@ -285,6 +297,17 @@ class EvalCallback:
         if self._share is None:
             self._share = placed(self.val, world, device_of(model), self.text)
         return Scoring(model, self._share, self.attention, self.domains, world)
+
+    def score_tasks(
+        self, trainer, model: torch.nn.Module, detail: dict[str, Any]
+    ) -> dict[str, float]:
+        """The tasks' metrics on ``model`` (the snapshot the validation loss scores),
+        their seconds per task put in the ``eval`` phase's ``detail``; none without tasks."""
+        if self.tasks is None:
+            return {}
+        metrics, seconds = self.tasks.score(model, getattr(trainer, "world", None))
+        detail["task_seconds"] = seconds
+        return metrics
 
     def test_snapshots(self, trainer) -> list[dict[str, Any]]:
         """The snapshots the test split is scored on after training, in order: the one
@@ -357,6 +380,7 @@ class EvalCallback:
             return None
         with trainer.recorder.interrupt("eval", trainer.state.step) as section:
             metrics = self.score(trainer)
+            metrics.update(self.score_tasks(trainer, trainer.model, section.detail))
             snapshot = weights_digest(trainer.model)
         record = {**self._base(trainer), "metrics": metrics, "snapshot": snapshot}
         return self._record(record, trainer, section)
@@ -380,12 +404,14 @@ class EvalCallback:
         autocast = trainer.autocast
         scoring = self.scoring(trainer, snapshot_model)
 
-        def work() -> tuple[dict[str, float], float, float]:
+        def work() -> tuple[dict[str, float], dict[str, Any], float, float]:
             wall, cpu = time.perf_counter(), time.thread_time()
+            detail: dict[str, Any] = {}
             with autocast():  # autocast state is per thread
                 scoring.advance()
                 metrics = scoring.metrics()
-            return metrics, time.perf_counter() - wall, time.thread_time() - cpu
+                metrics.update(self.score_tasks(trainer, snapshot_model, detail))
+            return metrics, detail, time.perf_counter() - wall, time.thread_time() - cpu
 
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="ledgerlm-eval")
@@ -400,8 +426,9 @@ class EvalCallback:
         future, base, snapshot_model = self._pending
         self._pending = None
         with trainer.recorder.interrupt("eval", trainer.state.step) as section:
-            metrics, wall, cpu = future.result()
+            metrics, detail, wall, cpu = future.result()
             section.detail.update(
+                **detail,
                 asynchronous=True,
                 snapshot_step=base["step"],
                 eval_wall_seconds=round(wall, 6),
@@ -418,7 +445,8 @@ class EvalCallback:
             section.detail.update(asynchronous=True, snapshot_step=base["step"])
             with swapped(trainer.model, weights):
                 done = scoring.advance(None if wait else self.PIECE_ROUNDS)
-            metrics = scoring.metrics() if done else None
+                tasks = self.score_tasks(trainer, trainer.model, section.detail) if done else {}
+            metrics = {**scoring.metrics(), **tasks} if done else None
         if metrics is None:
             return None
         self._pieces = None

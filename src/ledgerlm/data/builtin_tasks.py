@@ -33,7 +33,7 @@ import numpy as np
 from ledgerlm.config import ContaminationConfig
 from ledgerlm.data.builtin import _math_line
 from ledgerlm.data.contamination import contamination_report, eval_set
-from ledgerlm.data.shingles import normalize_text, shingle_batch
+from ledgerlm.data.shingles import normalize_text, prenormalize, shingle_batch
 from ledgerlm.data.verify import iter_split
 
 # Bump when the records a task makes from the same data version change, so the
@@ -225,9 +225,9 @@ def overlapping(
     ]
     matched: list[np.ndarray] = []
     for table in iter_split(data_dir, manifest, "train"):
-        train = table.column("text").to_pylist()
+        train = prenormalize(table.column("text").to_pylist())  # once for every n
         for n, es in zip(groups, sets, strict=True):
-            hashes = shingle_batch(train, n).hashes
+            hashes = shingle_batch(train, n, unique=False, normalized=True).hashes
             matched.append(np.unique(hashes[np.isin(hashes, es.all_ngrams)]))
     found = np.unique(np.concatenate(matched)) if matched else np.zeros(0, np.uint64)
     hit = np.zeros(len(texts), dtype=bool)

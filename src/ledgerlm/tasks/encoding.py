@@ -3,10 +3,10 @@
 ``_encode_pair`` (harness 0.4): the context's trailing whitespace moves to the
 continuation (so " Paris" is scored as the word it is, not a lone space and "Paris"),
 ``context + continuation`` is encoded whole and the context alone, and the
-continuation's tokens are the whole's after as many tokens as the context has. A token
-that spans the boundary is the continuation's; the context tokens are the whole's first
-ones, which may differ from the context encoded alone only in the last token. Scoring
-in process and through the harness therefore reads the same tokens.
+continuation's tokens are the whole's after as many tokens as the context alone has.
+Where a merge spans the boundary that count decides which side the token falls on (it
+may even leave the continuation without a token of its own, scored 0), as in the
+harness; scoring in process and through the harness therefore reads the same tokens.
 """
 
 from __future__ import annotations

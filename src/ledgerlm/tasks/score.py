@@ -1,10 +1,9 @@
 """A task's items scored on a model: ``choice`` and ``bpb`` by log-likelihood, ``exact``
 by greedy generation (``generate``), with the standard errors of ``stats``.
 
-Tokens follow lm-evaluation-harness (``_encode_pair``): the context's trailing
-whitespace moves to the continuation, the pair is encoded whole, and the continuation's
-tokens are those of ``context + continuation`` after the context's own (a token that
-spans the boundary belongs to the continuation). Every request starts with ``bos``, as
+Tokens follow lm-evaluation-harness (``encoding``: the context's trailing whitespace
+moves to the continuation, the pair is encoded whole, and the continuation's tokens are
+the whole's after the context's own count). Every request starts with ``bos``, as
 training documents do (the harness gets the same from the exported model's tokenizer,
 ``add_bos_token``), and a request longer than ``seq_len + 1`` tokens is cut from the
 left: ``(bos + whole)[-(seq_len + 1):]``, the input its tokens but the last, the targets
@@ -12,8 +11,9 @@ the next ones. An item's log-likelihood for a continuation is the sum of the tar
 log-probabilities over the continuation's tokens.
 
 Requests (one per item and continuation) run longest first, ``rows`` to a batch,
-right-padded; padding has a document id of its own (-1, as in packing) so no real token
-attends to it, and its targets are never read. The model is called as the trainer's
+right-padded to ``rows`` rows and a power-of-two width (``width``: few shapes for a
+compiled model); padding has a document id of its own (-1, as in packing) so no real
+token attends to it, and its targets are never read. The model is called as the trainer's
 evaluation calls it (``model(ids, positions, model.attention_spec(doc_ids,
 "isolated"), targets=)``): per-target nats through the chunked head, never the (B, T, V)
 logits, so the DDP engine or an FSDP root serves as well as a plain ``GPT``. Sums are
@@ -125,26 +125,37 @@ def device_of(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+MIN_WIDTH = 64  # the narrowest batch: shorter requests are padded to it
+
+
+def width(longest: int, seq_len: int) -> int:
+    """A batch's positions: its longest input rounded up to a power of two (at least
+    ``MIN_WIDTH``, at most ``seq_len``), so a compiled model (static shapes) sees a few
+    shapes per run, not one per request length, and stays under torch's recompile limit."""
+    return min(seq_len, max(MIN_WIDTH, 1 << (longest - 1).bit_length()))
+
+
 @torch.no_grad()
-def loglikelihoods(model: torch.nn.Module, batch: Sequence[Request]) -> torch.Tensor:
+def loglikelihoods(
+    model: torch.nn.Module, batch: Sequence[Request], rows: int, seq_len: int
+) -> torch.Tensor:
     """(len(batch),) float64 summed log-likelihoods of each request's continuation, on
-    the model's device (one forward, right-padded)."""
+    the model's device: one forward of ``rows`` rows, right-padded to ``width``."""
     device = device_of(model)
-    t = max(len(r.tokens) for r in batch) - 1
-    b = len(batch)
-    ids = torch.zeros(b, t + 1, dtype=torch.long)
-    docs = torch.full((b, t), -1, dtype=torch.long)
-    scored = torch.zeros(b, t, dtype=torch.bool)
+    t = width(max(len(r.tokens) for r in batch) - 1, seq_len)
+    ids = torch.zeros(rows, t + 1, dtype=torch.long)
+    docs = torch.full((rows, t), -1, dtype=torch.long)
+    scored = torch.zeros(rows, t, dtype=torch.bool)
     for row, r in enumerate(batch):
         n = len(r.tokens) - 1
         ids[row, : n + 1] = torch.tensor(r.tokens)
         docs[row, :n] = 0
         scored[row, n - r.scored : n] = True
     ids, docs, scored = (x.to(device, non_blocking=True) for x in (ids, docs, scored))
-    positions = torch.arange(t, device=device).expand(b, t)
+    positions = torch.arange(t, device=device).expand(rows, t)
     mask = model.attention_spec(docs, "isolated")
-    nats = model(ids[:, :-1], positions, mask, targets=ids[:, 1:])  # (B, T)
-    return -torch.where(scored, nats.double(), 0.0).sum(dim=1)
+    nats = model(ids[:, :-1], positions, mask, targets=ids[:, 1:])  # (rows, t)
+    return -torch.where(scored, nats.double(), 0.0).sum(dim=1)[: len(batch)]
 
 
 def rounds(items: Sequence[Item], ranks: Ranks, rows: int) -> int:
@@ -182,7 +193,7 @@ def score_loglikelihoods(
     )
     for k in range(runs):
         batch = work[k] if k < len(work) else spare
-        ll = loglikelihoods(model, batch)
+        ll = loglikelihoods(model, batch, rows, seq_len)
         if k < len(work):
             found.index_add_(0, torch.tensor([r.index for r in batch], device=device), ll)
     return ranks.sum(found.cpu()).numpy()
@@ -231,7 +242,7 @@ def score_task(
             ll = score_loglikelihoods(
                 model, task, tokenizer, bos, seq_len=seq_len, rows=rows, ranks=ranks
             )
-            scores = _choice if kind == "choice" else _bpb
+            scores = choice_scores if kind == "choice" else bpb_scores
             metrics, per_item = scores(task.items, ll, prefix)
     finally:
         model.train(was_training)
@@ -239,7 +250,7 @@ def score_task(
     return TaskResult(task.name, kind, metrics, per_item, time.perf_counter() - start)
 
 
-def _choice(items: Sequence[Item], ll: np.ndarray, prefix: str):
+def choice_scores(items: Sequence[Item], ll: np.ndarray, prefix: str):
     """acc and acc_norm by the harness's rules (``np.argmax``: the first of a tie)."""
     per_item: dict[str, list] = {"acc": [], "acc_norm": [], "loglik": []}
     offset = 0
@@ -286,7 +297,7 @@ def _exact(
     return metrics, {"exact_match": matches, "generated": generated, "generated_ids": ids}
 
 
-def _bpb(items: Sequence[Item], ll: np.ndarray, prefix: str):
+def bpb_scores(items: Sequence[Item], ll: np.ndarray, prefix: str):
     """Bits per UTF-8 byte of each gold continuation as scored (whitespace moved)."""
     nats = [float(-x) for x in ll]
     nbytes = [

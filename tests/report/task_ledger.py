@@ -70,13 +70,6 @@ def task_run(
     phase's detail holding ``task_seconds`` (its entry); its target contract; then per
     entry of ``after`` (step, metrics, harness) an evaluation written after the fact,
     bound to an ``eval_after`` phase."""
-    run = ledger.create_run(
-        name,
-        dict(recipe or {"name": name, "train": {"seed": 0}}),
-        target_metric=metric,
-        target_value=threshold,
-        eval_every=EVERY,
-    )
     contract = {
         "metric": metric,
         "unit": "accuracy" if metric.startswith("task/") else "nat/token",
@@ -85,7 +78,16 @@ def task_run(
         "confirm": 1,
         "confirm_by": confirm_by,
     }
-    ledger.add_event(run, TARGET_CONTRACT, json.dumps(contract))
+    run = ledger.create_run(
+        name,
+        dict(recipe or {"name": name, "train": {"seed": 0}}),
+        target_metric=metric,
+        target_value=threshold,
+        eval_every=EVERY,
+        meta={"contract": contract},
+    )
+    measured = {"val_targets": 4096, "val_unigram_entropy": 5.5}  # as the run measures them
+    ledger.add_event(run, TARGET_CONTRACT, json.dumps(contract | measured))
     for i, metrics in enumerate(evals):
         step = EVERY * (i + 1)
         ledger.record_phase(run, "train", TRAIN_SECONDS, step_start=step - EVERY, step_end=step)

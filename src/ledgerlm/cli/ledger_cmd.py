@@ -13,6 +13,7 @@ import typer
 from rich.markup import escape
 
 from ledgerlm.cli.render import (
+    after_line,
     continued_rows,
     continued_table,
     counters_table,
@@ -25,6 +26,7 @@ from ledgerlm.cli.render import (
     stop_line,
     target_contract_line,
     target_line,
+    task_tables,
     test_line,
     warning_lines,
 )
@@ -79,7 +81,8 @@ def show(
     as_json: JsonOpt = False,
 ) -> None:
     """Phases with seconds, counters, the mixture (configured weights beside the tokens
-    consumed per domain), every evaluation, the searches on its bill (each one's trials
+    consumed per domain), every evaluation (and each task metric with its standard
+    error; those scored after the fact marked), the searches on its bill (each one's trials
     by how they ended, with their wall time and device-hours), the warnings (a sink that
     failed, a non-finite loss, ...) and the time-to-target of one run."""
     with _open(workspace) as ledger:
@@ -100,6 +103,10 @@ def show(
     if rows := realised(summary):
         console.print(mixture_table(rows))
     console.print(evaluations_table(summary))
+    for table in task_tables(summary):
+        console.print(table)
+    if line := after_line(summary):
+        console.print(escape(line), highlight=False)
     console.print(phase_table(summary))
     for line in coverage_lines(summary):
         console.print(line, highlight=False)
@@ -177,10 +184,12 @@ def compare(
     """Compare runs with the first: execution speed-ups apart from recipe changes, seeds grouped.
 
     Per run: time-to-target, steps/tokens/updates to target, mean train step time and
-    the share of prep, tokenize, eval and checkpoint time; runs that differ only by
-    train.seed as mean, min-max, std. The rule is printed with the table.
+    the share of prep, tokenize, eval and checkpoint time; a line when a run's validation
+    loss improved but a task metric did not; runs that differ only by train.seed as mean,
+    min-max, std of the time to target and of each final metric. The rule is printed
+    with the table.
     """
-    from ledgerlm.cli.render import device_hours, held_out_table
+    from ledgerlm.cli.render import device_hours, held_out_table, seed_metrics_table
     from ledgerlm.cli.ui import fmt_seconds
     from ledgerlm.ledger.compare import TABLE_COLUMNS, compare_runs, comparison_rows, seed_spread
 
@@ -237,6 +246,8 @@ def compare(
             console.print(f"    ... {len(c['recipe_diff']) - 8} more", highlight=False)
         if c.get("final"):
             console.print(f"    {escape(c['final'])}", highlight=False)
+        if line := c["task_check"]["line"]:
+            console.print(f"    [yellow]{escape(line)}[/]", highlight=False)
         if deltas := [d for d in c["domains"] if d["delta"] is not None]:
             cells = ", ".join(f"{d['domain']} {d['delta']:+.4f}" for d in deltas)
             console.print(
@@ -251,6 +262,8 @@ def compare(
             f"{seed_spread(g)}",
             highlight=False,
         )
+    if table := seed_metrics_table(result["seed_groups"]):
+        console.print(table)
     held = result["held_out"]
     if any(r["test"] is not None for r in held["rows"]):
         console.print(held_out_table(held))

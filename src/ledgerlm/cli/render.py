@@ -14,6 +14,7 @@ from rich.markup import escape
 
 from ledgerlm.cli.table import FitTable
 from ledgerlm.cli.ui import console, fmt_g, fmt_seconds
+from ledgerlm.ledger.compare import after_the_fact, pm, task_metric_names, task_seconds
 from ledgerlm.ledger.events import (
     CONTINUED_PRETRAINING,
     EARLY_STOP,
@@ -25,7 +26,7 @@ from ledgerlm.ledger.events import (
 )
 from ledgerlm.ledger.mixture import DOMAIN_COUNTER
 from ledgerlm.ledger.search import search_charges, search_rows, search_title
-from ledgerlm.ledger.target import TimeToTarget
+from ledgerlm.ledger.target import TimeToTarget, higher_is_better, holds, target_key
 
 PHASE_ORDER = (
     "search",
@@ -37,7 +38,9 @@ PHASE_ORDER = (
     "eval",
     "checkpoint",
     "restore",
+    "eval_after",
 )
+AFTER = "*"  # marks the step of an evaluation written after the fact
 UNCOVERED_SHOWN = 0.05  # seconds between phases worth a line in `ledger show`
 
 
@@ -134,9 +137,13 @@ def phase_table(summary: dict[str, Any]) -> FitTable:
     t.add_column("to target", justify="right")
     totals = summary["phase_totals"]
     kinds = [k for k in PHASE_ORDER if k in totals] + [k for k in totals if k not in PHASE_ORDER]
+    tasks = sum(task_seconds(summary).values())
     for kind in kinds:
         to_target = ttt.by_phase.get(kind)  # absent: the phase came after the target
         t.add_row(escape(kind), fmt_seconds(totals[kind]), fmt_seconds(to_target))
+        if kind == "eval" and tasks:  # within eval: scoring the downstream tasks
+            within = summary["time_to_target"].get("task_seconds")
+            t.add_row("  of which tasks", fmt_seconds(tasks), fmt_seconds(within))
     t.add_row("[bold]all[/]", fmt_seconds(summary["total_seconds"]), fmt_seconds(ttt.seconds))
     return t
 
@@ -169,48 +176,149 @@ def counters_table(summary: dict[str, Any]) -> FitTable:
     return t
 
 
+def _step_cell(ev: dict[str, Any], later: dict[int, dict[str, Any]]) -> str:
+    return f"{ev['step']}{AFTER}" if ev.get("id") in later else str(ev["step"])
+
+
+def _held(summary: dict[str, Any], metrics: dict[str, Any], name: str) -> bool:
+    """Whether ``name`` is one of the run's targets and holds in ``metrics``."""
+    run, c = summary["run"], contract(summary) or {}
+    thresholds = {target_key(k): v for k, v in (c.get("targets") or {}).items()}
+    thresholds[run["target_metric"]] = run["target_value"]
+    if name not in thresholds:
+        return False
+    return holds(metrics, name, thresholds[name], c.get("confirm_by", "threshold"))
+
+
 def evaluations_table(summary: dict[str, Any], limit: int | None = None) -> FitTable:
     evals = summary["evaluations"]
     found = {k for e in evals for k in e["metrics"]}
     # the loss overall and per domain, and bits per byte overall (per domain and nats
-    # per character are in --json): what fits a terminal
+    # per character are in --json): what fits a terminal; task metrics: task_tables
     names = sorted(
         (k for k in found if k == "loss" or k.startswith("loss/") or k == "bpb"),
         key=lambda k: (k != "loss", k == "bpb", k),
     )
     target = summary["run"]["target_metric"]
-    if target in found and target not in names:
+    if target in found and target not in names and not target.startswith("task/"):
         names.append(target)
     t = FitTable(title="evaluations", show_edge=False)
     for col in ("step", "tokens", "snapshot", *names):
         t.add_column(escape(col), justify="right" if col != "snapshot" else "left")
-    threshold = summary["run"]["target_value"]
+    later = after_the_fact(summary)
     shown = evals if limit is None or len(evals) <= limit else evals[-limit:]
     for e in shown:
         cells = []
         for n in names:
             v = e["metrics"].get(n)
             cell = "-" if v is None else f"{v:.4f}"
-            if n == summary["run"]["target_metric"] and v is not None and v <= threshold:
+            if v is not None and _held(summary, e["metrics"], n):
                 cell = f"[green]{cell}[/]"
             cells.append(cell)
-        t.add_row(str(e["step"]), f"{e['tokens']:,}", escape(e["snapshot"][:10]), *cells)
+        step = _step_cell(e, later)
+        t.add_row(step, f"{e['tokens']:,}", escape(e["snapshot"][:10]), *cells)
     return t
+
+
+def task_tables(
+    summary: dict[str, Any], limit: int | None = None, width: int | None = None
+) -> list[FitTable]:
+    """The task curves: per evaluation, each task metric with its standard error
+    (``0.62±0.07``; the 95% interval is in --json), as many metrics to a table as fit
+    ``width`` columns (the console's) whole, a target that holds in green; evaluations
+    written after the fact marked ``AFTER``. None without tasks."""
+    evals = summary["evaluations"]
+    metrics = task_metric_names(evals)
+    if not metrics:
+        return []
+    shown = evals if limit is None or len(evals) <= limit else evals[-limit:]
+    later = after_the_fact(summary)
+
+    def cell(m: dict[str, Any], name: str) -> str:
+        return pm(m.get(name), m.get(f"{name}_stderr"))
+
+    def width_of(texts: list[str]) -> int:  # a column's content and its padding, rule
+        return max(len(x) for x in texts) + 3
+
+    steps = [_step_cell(e, later) for e in shown]
+    room = (width or console.width) - width_of(["step", *steps])
+    room -= width_of(["tokens", *(f"{e['tokens']:,}" for e in shown)])
+    parts: list[list[str]] = [[]]
+    left = room
+    for name in metrics:  # as many metrics to a table as fit, a header broken at '/'
+        head = name.removeprefix("task/")
+        need = width_of(
+            [*head.replace("/", "/ ").split(), *(cell(e["metrics"], name) for e in shown)]
+        )
+        if parts[-1] and need > left:
+            parts.append([])
+            left = room
+        parts[-1].append(name)
+        left -= need
+    tables = []
+    for k, part in enumerate(parts):
+        title = "tasks (value±stderr)"
+        if len(parts) > 1:
+            title += f", {k + 1} of {len(parts)}"
+        t = FitTable(title=title, show_edge=False)
+        t.add_column("step", justify="right")
+        t.add_column("tokens", justify="right")
+        for name in part:
+            t.add_column(escape(name.removeprefix("task/")), justify="right")
+        for e, step in zip(shown, steps, strict=True):
+            cells = []
+            for name in part:
+                text = cell(e["metrics"], name)
+                if e["metrics"].get(name) is not None and _held(summary, e["metrics"], name):
+                    text = f"[green]{text}[/]"
+                cells.append(text)
+            t.add_row(step, f"{e['tokens']:,}", *cells)
+        tables.append(t)
+    return tables
+
+
+def after_line(summary: dict[str, Any]) -> str | None:
+    """What marks an evaluation written after the fact, and which scored it."""
+    later = after_the_fact(summary)
+    if not later:
+        return None
+    by_step = {e["id"]: e["step"] for e in summary["evaluations"]}
+    how = ", ".join(
+        f"step {by_step[i]} by {'lm-evaluation-harness' if d.get('harness') else 'ledgerlm'}"
+        for i, d in later.items()
+    )
+    return (
+        f"{AFTER} scored after the fact (ledgerlm eval: {how}); such an evaluation "
+        "never confirms the target and is not on its bill"
+    )
+
+
+def _threshold_words(name: str, threshold: float) -> str:
+    return f"{name} {'>=' if higher_is_better(name) else '<='} {threshold:.3f}"
 
 
 def target_contract_line(summary: dict[str, Any]) -> str:
     c = contract(summary) or {}
     run = summary["run"]
     unit = c.get("unit", "nat/token")
-    line = f"target: val {run['target_metric']} <= {run['target_value']:.3f} {unit}"
-    if c.get("targets"):
-        line += ", and " + ", ".join(f"loss/{d} <= {t:.3f}" for d, t in c["targets"].items())
+    metric = run["target_metric"]
+    line = f"target: {'' if metric.startswith('task/') else 'val '}"
+    line += f"{_threshold_words(metric, run['target_value'])} {unit}"
+    more = {target_key(k): v for k, v in (c.get("targets") or {}).items()}
+    more.pop(metric, None)  # a task metric's threshold is in targets too
+    if more:
+        line += ", and " + ", ".join(_threshold_words(k, v) for k, v in more.items())
     if c.get("confirm", 1) > 1:
         line += f" at {c['confirm']} consecutive evaluations"
     if c:
         line += (
             f" (unigram entropy of the {c['val_targets']:,} val targets: "
             f"{c['val_unigram_entropy']:.3f} nat/token)"
+        )
+    if c.get("confirm_by") == "interval" and any(k.startswith("task/") for k in (metric, *more)):
+        line += (
+            "; a task target holds by its 95% interval (an accuracy's lower bound, "
+            "bits per byte's upper bound)"
         )
     budget = [
         f"{c['budget_tokens']:,} tokens" if c.get("budget_tokens") else "",
@@ -289,6 +397,8 @@ def test_line(summary: dict[str, Any]) -> str | None:
     from ledgerlm.ledger.compare import test_records  # not at CLI start-up
 
     metric = summary["run"].get("target_metric") or "loss"
+    if metric.startswith("task/"):  # a test set holds no tasks: its loss
+        metric = "loss"
     unit = "bit/byte" if metric.startswith("bpb") else "nat/token"
     lines = []
     for r in test_records(summary):
@@ -315,6 +425,27 @@ def held_out_table(held: dict[str, Any]) -> FitTable:
         cells = ["-" if r[k] is None else f"{r[k]:.4f}" for k in keys]
         mark = " (chosen)" if r["run"] == held["chosen"] else ""
         t.add_row(escape(r["run"]) + mark, *cells)
+    return t
+
+
+def seed_metrics_table(groups: list[dict[str, Any]]) -> FitTable | None:
+    """Per seed group of two runs or more, each final metric (the validation loss, every
+    task metric: ``ledger.compare.seed_groups``) as mean, sample std, min-max and n."""
+    rows = [(g, m) for g in groups if g["n"] >= 2 for m in g["final_metrics"]]
+    if not rows:
+        return None
+    t = FitTable(title="seed groups: final metrics over seeds", show_edge=False)
+    for col in ("group", "metric", "mean", "std", "min-max", "n"):
+        t.add_column(col, justify="left" if col in ("group", "metric") else "right")
+    for g, m in rows:
+        t.add_row(
+            str(g["group"]),
+            escape(m["metric"]),
+            f"{m['mean']:.4f}",
+            "-" if m["std"] is None else f"{m['std']:.4f}",
+            f"{m['min']:.4f}-{m['max']:.4f}",
+            str(m["n"]),
+        )
     return t
 
 

@@ -29,7 +29,6 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ledgerlm.config import TASK_METRICS
 from ledgerlm.ledger.events import TEST_EVALUATION
 from ledgerlm.ledger.target import higher_is_better
 
@@ -243,14 +242,19 @@ def final_domain_losses(summary: Mapping[str, Any]) -> dict[str, float | None]:
 # The phase kind of an evaluation written after the fact (``ledgerlm eval``): it never
 # confirms a target and is never on the bill.
 EVAL_AFTER = "eval_after"
-_TASK_VALUES = frozenset(m for metrics in TASK_METRICS.values() for m in metrics)
 
 
 def is_task_metric(key: str) -> bool:
     """Whether ``key`` is a task metric's value, ``task/<name>/<metric>``: not its
     ``_stderr``, ``_low``, ``_high`` nor the task's ``items``."""
+    from ledgerlm.config import TASK_METRICS  # pydantic: not at the command line's start
+
     parts = key.split("/")
-    return len(parts) == 3 and parts[0] == "task" and parts[2] in _TASK_VALUES
+    return (
+        len(parts) == 3
+        and parts[0] == "task"
+        and any(parts[2] in metrics for metrics in TASK_METRICS.values())
+    )
 
 
 def task_metric_names(evaluations: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -11,6 +11,10 @@ archived beside the ledger:
   units get charts of their own (one y axis, one unit). Then bits per byte against
   tokens when the evaluations measured ``bpb``, unless every target was ``bpb``
   (the charts above drew exactly that);
+- each downstream task metric (``task/<name>/<metric>``) against tokens and wall time,
+  its 95% interval as error bars, the evaluations written after the fact (``ledgerlm
+  eval``) as hollow diamonds against tokens, a task target as a dashed line named with
+  its direction (``>=`` for an accuracy);
 - per optimizer update (the ``Ledger.steps`` rows): the training loss, faint as recorded
   and solid as its exponential moving average (TensorBoard's smoothing, weight
   ``SMOOTHING``, debiased so the first updates are not pulled towards 0), the learning
@@ -41,6 +45,6 @@ time-to-target, and time a killed run spent waiting to be resumed is not drawn a
 
 The modules: ``series`` (the ledger seconds at each evaluation, the moving average,
 throughput, thinning), ``labels`` (legend labels from recipe differences), ``figures``
-(the plotly figures), ``tables`` (the mixture and comparison tables) and ``page``
-(``render_report``, the whole page).
+(the plotly figures), ``task_figures`` (those of the downstream tasks), ``tables`` (the
+mixture and comparison tables) and ``page`` (``render_report``, the whole page).
 """

@@ -1,6 +1,6 @@
 """The run report's plotly figures: each run's target metric against wall time, tokens
 and updates (one chart per unit), bits per byte against tokens, the per-update panels and
-the phase times."""
+the phase times (the downstream tasks' figures: ``task_figures``)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ THROUGHPUT = "throughput (tokens/s)"
 RUN = "run"
 
 
-def _sig(v: float | None) -> float | None:
+def sig(v: float | None) -> float | None:
     """``v`` to 6 significant digits: what a hover shows, in half the page bytes."""
     return None if v is None else float(f"{v:.6g}")
 
@@ -77,6 +77,8 @@ def measure(metric: str) -> str:
     """A validation metric in words: ``bpb`` is bits per byte, ``loss/code`` the loss
     on code; a metric of another name is its name."""
     head, _, domain = metric.partition("/")
+    if head == "task":  # task/<name>/<metric>: the task's metric
+        return domain.replace("/", " ")
     words = {"bpb": "bits per byte", "loss": "loss"}.get(head, head)
     return f"{words} on {domain}" if domain else words
 
@@ -98,7 +100,7 @@ def validation_title(summaries: Sequence[Mapping[str, Any]], runs: Sequence[int]
     return f"validation {', '.join(measures)} ({', '.join(units)})"
 
 
-def _run_meta(summary: Mapping[str, Any], role: str) -> dict[str, str]:
+def run_meta(summary: Mapping[str, Any], role: str) -> dict[str, str]:
     return {"run": t(summary["run"]["id"]), "role": role}
 
 
@@ -123,13 +125,13 @@ def _eval_trace(
         "line": {"color": run_color(i), "width": 2, "dash": run_dash(i)},
         "marker": {"size": 6},
         "customdata": [[ev.get("step"), ev.get("tokens")] for ev in evs],
-        "meta": {**_run_meta(s, "series"), "metric": t(metric), "unit": t(unit)},
+        "meta": {**run_meta(s, "series"), "metric": t(metric), "unit": t(unit)},
         "hovertemplate": "%{meta.run}<br>step %{customdata[0]:,}, %{customdata[1]:,} tokens"
         "<br>%{meta.metric} %{y:.4f} %{meta.unit}",
     }
 
 
-def _x_values(s: Mapping[str, Any], x: str) -> list[float | None]:
+def x_values(s: Mapping[str, Any], x: str) -> list[float | None]:
     if x == "seconds":
         return eval_seconds(s)
     return [finite(ev.get(x)) for ev in s.get("evaluations", [])]
@@ -150,7 +152,7 @@ def validation_figure(
     data = []
     for i in runs:
         s, label = summaries[i], labels[i]
-        xs = _x_values(s, x)
+        xs = x_values(s, x)
         trace = _eval_trace(s, i, label, xs, s["run"]["target_metric"], target_unit(s))
         data.append(trace)
         confirming = s["time_to_target"].get("evaluation") or {}
@@ -181,7 +183,7 @@ def validation_figure(
                     },
                     "hovertext": [t(text)],
                     "hovertemplate": "%{hovertext}<extra></extra>",
-                    "meta": _run_meta(s, "confirm"),
+                    "meta": run_meta(s, "confirm"),
                 }
             )
     thresholds = sorted({float(summaries[i]["run"]["target_value"]) for i in runs})
@@ -225,7 +227,7 @@ def has_bpb(summaries: Sequence[Mapping[str, Any]]) -> bool:
 def bpb_figure(summaries: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> Any:
     """Validation bits per byte against tokens: comparable across tokenizers."""
     data = [
-        _eval_trace(s, i, label, _x_values(s, "tokens"), "bpb", BPB_UNIT)
+        _eval_trace(s, i, label, x_values(s, "tokens"), "bpb", BPB_UNIT)
         for i, (s, label) in enumerate(zip(summaries, labels, strict=True))
     ]
     return figure(data, layout(axis(TOKENS, rangemode="tozero"), axis(BPB), log_toggle=True))
@@ -279,11 +281,11 @@ def update_figure(
             data.append(
                 {
                     **base,
-                    "y": [_sig(ys[k]) for k in keep],
+                    "y": [sig(ys[k]) for k in keep],
                     "showlegend": False,
                     "opacity": 0.3,
                     "line": {"color": run_color(i), "width": 1, "dash": run_dash(i)},
-                    "meta": _run_meta(s, "raw"),
+                    "meta": run_meta(s, "raw"),
                     "hovertemplate": hover + " (raw)",
                 }
             )
@@ -291,9 +293,9 @@ def update_figure(
             data.append(
                 {
                     **base,
-                    "y": [_sig(smoothed[k]) for k in keep],
+                    "y": [sig(smoothed[k]) for k in keep],
                     "line": {"color": run_color(i), "width": 2, "dash": run_dash(i)},
-                    "meta": _run_meta(s, "smoothed"),
+                    "meta": run_meta(s, "smoothed"),
                     "hovertemplate": hover + f" (moving average, weight {SMOOTHING:g})",
                 }
             )
@@ -301,9 +303,9 @@ def update_figure(
             data.append(
                 {
                     **base,
-                    "y": [_sig(ys[k]) for k in keep],
+                    "y": [sig(ys[k]) for k in keep],
                     "line": {"color": run_color(i), "width": 2, "dash": run_dash(i)},
-                    "meta": _run_meta(s, "value"),
+                    "meta": run_meta(s, "value"),
                     "hovertemplate": hover,
                 }
             )

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ledgerlm.ledger.compare import compare_runs, finite
+from ledgerlm.ledger.target import higher_is_better
 from ledgerlm.report.plots import e, figure_html, page
 from ledgerlm.report.run.figures import (
     BPB_UNIT,
@@ -27,6 +28,7 @@ from ledgerlm.report.run.figures import (
 from ledgerlm.report.run.labels import recipe_labels
 from ledgerlm.report.run.series import MAX_POINTS, SMOOTHING
 from ledgerlm.report.run.tables import comparison_html, mixture_html, search_html, swatch
+from ledgerlm.report.run.task_figures import all_task_metrics, task_figure, task_title
 
 
 def _run_list(summaries: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> str:
@@ -42,10 +44,14 @@ def _run_list(summaries: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> 
         last = s["evaluations"][-1]["metrics"] if s["evaluations"] else {}
         if finite(last.get("bpb")) is not None:  # comparable across tokenizers
             verdict += f"; final validation {last['bpb']:.4f} bits per byte"
+        metric = str(r["target_metric"])
+        target = (
+            f"{'' if metric.startswith('task/') else 'val '}{metric} "
+            f"{'>=' if higher_is_better(metric) else '<='} {r['target_value']:g} {target_unit(s)}"
+        )
         items.append(
             f"<li>{swatch(i)}<b>{e(r['id'])}</b> [{e(label)}] (recipe {e(r.get('name'))}, "
-            f"status {e(r.get('status'))}): val {e(r['target_metric'])} &lt;= "
-            f"{e(format(r['target_value'], 'g'))} {e(target_unit(s))}; {e(verdict)}</li>"
+            f"status {e(r.get('status'))}): {e(target)}; {e(verdict)}</li>"
         )
     return f"<ul class='runs'>{''.join(items)}</ul>"
 
@@ -69,6 +75,31 @@ def device_words(s: Mapping[str, Any]) -> str:
     if cost:
         words += f", cost {cost['amount']:,.4g} at {cost['currency_per_device_hour']:g}/device-hour"
     return words
+
+
+def task_sections(summaries: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> list[str]:
+    """Each downstream task metric against tokens and wall time; none without tasks."""
+    metrics = all_task_metrics(summaries)
+    if not metrics:
+        return []
+    out = [
+        "<h2>Downstream tasks</h2><p>Each task metric at each evaluation, its bar the 95% "
+        "interval (Wilson's for an accuracy, a bootstrap over items for bits per byte); a "
+        "dashed line is a task target, named with its direction. Hollow diamonds are "
+        "evaluations written after the fact (<code>ledgerlm eval</code>): drawn against "
+        "tokens only, since the run's clock had stopped.</p>"
+    ]
+    for k, metric in enumerate(metrics):
+        title = task_title(metric)
+        for x, x_title, heading in (
+            ("tokens", TOKENS, "tokens seen"),
+            ("seconds", WALL_TIME, "wall time (all phases up to the evaluation)"),
+        ):
+            fig = task_figure(summaries, labels, metric, x, x_title)
+            out.append(
+                f"<h3>{e(title)} against {e(heading)}</h3>" + figure_html(f"task-{k}-{x}", fig)
+            )
+    return out
 
 
 def render_report(
@@ -112,6 +143,7 @@ def render_report(
             f"<h2>Validation bits per byte ({BPB_UNIT}) against tokens seen</h2>"
             + figure_html("bpb-tokens", bpb_figure(summaries, labels))
         )
+    sections += task_sections(summaries, labels)
     sections.append("<h2>Training, per optimizer update</h2>")
     if any(steps.get(s["run"]["id"]) for s in summaries):
         longest = max(len(steps.get(s["run"]["id"]) or []) for s in summaries)

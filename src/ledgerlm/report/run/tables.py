@@ -33,9 +33,10 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "compa
 
 def comparison_html(result: Mapping[str, Any]) -> str:
     """The table of ``ledger compare`` (``comparison_rows``) with the device-hours to
-    target beside the wall time, why each run is classed as it is (and whether it is
-    sooner in wall time but dearer in device time), then the seed groups, the final
-    figure and the rules."""
+    target beside the wall time, why each run is classed as it is (whether it is sooner
+    in wall time but dearer in device time, whether its validation loss improved while
+    a task metric did not), then the seed groups with each final metric's spread, the
+    final figure and the rules."""
     rows = []
     for i, row in enumerate(comparison_rows(result)):
         c = row["comparison"]
@@ -48,6 +49,8 @@ def comparison_html(result: Mapping[str, Any]) -> str:
         why = "" if c is None else c["reason"]
         if c is not None and c.get("wall_device"):
             why += "; " + c["wall_device"]
+        if c is not None and c["task_check"]["line"]:
+            why += "; " + c["task_check"]["line"]
         if c is not None and c["recipe_diff"]:
             why += "; recipe: " + "; ".join(c["recipe_diff"][:6])
             if len(c["recipe_diff"]) > 6:
@@ -69,7 +72,7 @@ def comparison_html(result: Mapping[str, Any]) -> str:
             continue
         seeds = ", ".join(str(x) for x in g["seeds"])
         groups.append(
-            f"<li>{e(', '.join(g['runs']))} (seeds {e(seeds)}): reached "
+            f"<li>group {e(g['group'])}: {e(', '.join(g['runs']))} (seeds {e(seeds)}): reached "
             f"{g['n_reached']}/{g['n']}; {e(seed_spread(g))}</li>"
         )
     head = list(TABLE_COLUMNS)
@@ -77,10 +80,32 @@ def comparison_html(result: Mapping[str, Any]) -> str:
     out = _table((*head, "why"), rows)
     if groups:
         out += "<h3>Seed groups</h3><ul>" + "".join(groups) + "</ul>"
+        out += seed_metrics_html(result["seed_groups"])
     out += held_out_html(result["held_out"])
     out += f'<p class="final">{e(result["final_figure"])}</p>'
     out += f'<p class="rule"><b>Rule.</b> {e(result["rule"])} {e(result["device_rule"])}</p>'
     return out
+
+
+def seed_metrics_html(groups: Sequence[Mapping[str, Any]]) -> str:
+    """Per seed group of two runs or more, each final metric (the validation loss, every
+    task metric) as mean, sample std, min-max and n; empty without such a group."""
+    rows = [
+        [
+            e(g["group"]),
+            e(m["metric"]),
+            _num(m["mean"], ".4f"),
+            _num(m["std"], ".4f"),
+            e(f"{m['min']:.4f}-{m['max']:.4f}"),
+            _num(m["n"]),
+        ]
+        for g in groups
+        if g["n"] >= 2
+        for m in g["final_metrics"]
+    ]
+    if not rows:
+        return ""
+    return _table(("group", "metric", "mean", "std", "min-max", "n"), rows)
 
 
 def held_out_html(held: Mapping[str, Any]) -> str:

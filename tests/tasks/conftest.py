@@ -25,3 +25,11 @@ def specials(tok) -> dict[str, int]:
 def model(tok) -> GPT:
     torch.manual_seed(0)
     return GPT(CFG, tok.get_vocab_size()).eval()
+
+
+@pytest.fixture(scope="session")
+def wild(tok) -> GPT:
+    """Weights drawn wide (std 0.3): greedy generations that change token to token,
+    where the default's small weights repeat one token."""
+    torch.manual_seed(0)
+    return GPT(CFG.model_copy(update={"init_std": 0.3}), tok.get_vocab_size()).eval()

@@ -11,8 +11,13 @@ timestamp taken from the ledger, never from the clock at export time:
 - one block per evaluation interval: ``block_start`` when training resumed after the
   previous evaluation was recorded (the first train phase for the first block),
   ``block_stop`` when the evaluation phase began; ``eval_start``/``eval_stop`` are that
-  phase's start and end and ``eval_accuracy`` (the validation loss) is the evaluation
-  row's ``created_at``;
+  phase's start and end and ``eval_accuracy`` (the target's metric: the validation
+  loss, or a task's accuracy when the target is one, by the far end of its 95% interval
+  under ``eval.confirm_by = "interval"``, as the ledger judges it) is the evaluation
+  row's ``created_at``; the target's direction (``lower_is_better`` for a loss,
+  ``higher_is_better`` for an accuracy) rides on ``eval_accuracy_target``. Evaluations
+  written after the fact (``ledgerlm eval``) are no part of the run's timeline and are
+  left out;
 - ``run_stop`` with status ``success`` at the evaluation that confirmed the target
   (the same evaluation as ``time_to_target``; later evaluations, made when
   ``eval.stop_at_target = false``, lie outside the timed region and are left out), or
@@ -49,7 +54,9 @@ from typing import Any, Literal
 
 from ledgerlm.config import PackConfig, TrainConfig
 from ledgerlm.extras import require
+from ledgerlm.ledger.compare import after_the_fact
 from ledgerlm.ledger.events import target_contract
+from ledgerlm.ledger.target import higher_is_better
 
 RULES = Path(__file__).with_name("mlperf_rules") / "ledgerlm.yaml"
 INIT_KINDS = ("prep", "tokenize")
@@ -186,9 +193,13 @@ def mllog_events(summary: Mapping[str, Any]) -> list[MLEvent]:
     emit("event", c.SUBMISSION_STATUS, init_start, STATUS)
     for key, value in hparams.items():
         emit("event", key, init_start, value)
-    # The ledger's confirmation rule is metric <= threshold, whatever the metric.
+    # The metric the ledger judges: a task metric by its interval's far end when asked.
+    up = higher_is_better(metric)
+    if contract.get("confirm_by") == "interval" and metric.startswith("task/"):
+        metric = f"{metric}_low" if up else f"{metric}_high"
     unit = contract.get("unit", "nat/token")
-    target_meta = {"metric": metric, "unit": unit, "direction": "lower_is_better"}
+    direction = "higher_is_better" if up else "lower_is_better"
+    target_meta = {"metric": metric, "unit": unit, "direction": direction}
     for k in ("val_targets", "val_unigram_entropy"):
         if k in contract:
             target_meta[k] = _finite(contract[k])
@@ -197,7 +208,11 @@ def mllog_events(summary: Mapping[str, Any]) -> list[MLEvent]:
     emit("start", c.RUN_START, init_stop, run_id=run["id"], ledger_status=run["status"])
 
     # the evaluations inside the timed region: all of them, or up to the confirming one
-    evaluations = sorted(summary.get("evaluations") or [], key=lambda e: e["step"])
+    later = after_the_fact(summary)
+    evaluations = sorted(
+        (e for e in summary.get("evaluations") or [] if e["id"] not in later),
+        key=lambda e: e["step"],
+    )
     omitted = 0
     if verdict["reached"]:
         confirming = verdict["evaluation"]["id"]

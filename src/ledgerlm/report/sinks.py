@@ -17,6 +17,14 @@ Names are the same in every sink, with the optimizer step as x:
   MLflow's file store keeps a metric as a file named by its path, so ``val/loss`` could
   not also be a folder. A metric that failed to compute (null in the ledger) is left
   out;
+- each downstream task's keys as the ledger names them: ``task/<name>/<metric>`` with
+  its ``_stderr`` and its 95% interval ``_low`` and ``_high`` (a dashboard draws the
+  interval from those two series; the ledger holds no other form of it), and
+  ``task/<name>/items``. A task name is a recipe name (letters, digits, ``-``, ``_``,
+  ``.``), which TensorBoard and MLflow take as it is; W&B sorts and filters only names
+  whose parts between slashes are letters, digits and ``_`` (not first a digit), so
+  there every other character becomes ``_`` (``wandb_key``): ``code-next-line`` is
+  ``task/code_next_line/acc`` in W&B;
 - the recipe's settings in effect as parameters: dotted keys (``train.lr``) for MLflow
   and in a TensorBoard text panel, the nested tree as W&B's config;
 - when the run ends, its bill (``final_scalars``): ``ledger/wall_seconds`` and
@@ -39,6 +47,7 @@ and dropped for the rest of the run.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -139,14 +148,28 @@ def step_scalars(row: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def _scalar_name(key: str) -> str:
+    if key.startswith("task/"):
+        return key
+    return f"{'val_domain' if '/' in key else 'val'}/{key}"
+
+
 def evaluation_scalars(record: dict[str, Any]) -> dict[str, float]:
     """The scalars of one evaluation: ``val/<metric>`` for an overall metric,
-    ``val_domain/<metric>/<domain>`` for a per-domain one (``<metric>/<domain>``)."""
-    return {
-        f"{'val_domain' if '/' in k else 'val'}/{k}": float(v)
-        for k, v in record["metrics"].items()
-        if v is not None
-    }
+    ``val_domain/<metric>/<domain>`` for a per-domain one (``<metric>/<domain>``), a task's
+    keys (``task/<name>/...``) as they are."""
+    return {_scalar_name(k): float(v) for k, v in record["metrics"].items() if v is not None}
+
+
+_WANDB_OFF = re.compile(r"[^A-Za-z0-9_]")
+
+
+def wandb_key(name: str) -> str:
+    """``name`` as W&B sorts and filters it: each part between slashes of letters,
+    digits and ``_`` only, never first a digit (``task/code-next-line/acc`` is
+    ``task/code_next_line/acc``)."""
+    parts = [_WANDB_OFF.sub("_", part) for part in name.split("/")]
+    return "/".join(f"_{p}" if p[:1].isdigit() else p for p in parts)
 
 
 def final_scalars(summary: dict[str, Any]) -> tuple[dict[str, float], int]:
@@ -333,10 +356,11 @@ def wandb_id(run_id: str, source: str = "training") -> str:
 class WandbSink:
     """A W&B run in ``project`` named by the ledger run's id, its files under ``folder``.
 
-    The optimizer step is logged as the metric ``step`` and every ``train/*``, ``val/*``
-    and ``val_domain/*`` series is plotted against it (``define_metric``), rather than passed as
-    ``run.log(..., step=)``: W&B drops a point whose step is below one already logged,
-    and an asynchronous evaluation is recorded after later updates were. Each row keeps
+    The optimizer step is logged as the metric ``step`` and every ``train/*``, ``val/*``,
+    ``val_domain/*`` and ``task/*`` series (named by ``wandb_key``) is plotted against it
+    (``define_metric``), rather than passed as ``run.log(..., step=)``: W&B drops a
+    point whose step is below one already logged, and an asynchronous evaluation is
+    recorded after later updates were. Each row keeps
     the ledger's time as its ``_timestamp``. The W&B run's id is ``wandb_id`` with
     ``resume="allow"``: a resumed run continues its live copy and a second export its
     first export (offline, each process still writes its own folder, of that same run
@@ -370,7 +394,7 @@ class WandbSink:
             settings=wandb.Settings(console="off"),
         )
         self.run.define_metric("step")
-        for series in ("train/*", "val/*", "val_domain/*"):
+        for series in ("train/*", "val/*", "val_domain/*", "task/*"):
             self.run.define_metric(series, step_metric="step")
         self.where = str(
             Path(self.run.dir).parent
@@ -379,7 +403,7 @@ class WandbSink:
 
     def _log(self, step: int, scalars: dict[str, float], at: float | None) -> None:
         stamp = {} if at is None else {"_timestamp": float(at)}
-        self.run.log({"step": step, **stamp, **scalars})
+        self.run.log({"step": step, **stamp, **{wandb_key(k): v for k, v in scalars.items()}})
 
     def log_params(self, params: dict[str, Any]) -> None:
         self.run.config.update(params, allow_val_change=True)

@@ -68,6 +68,14 @@ for sink in tensorboard mlflow wandb; do
 done
 expect_extra tensorboard "$BIN/ledgerlm" ledger export latest --to tensorboard "$ROOT/tb"
 test ! -e "$ROOT/tb"
+evaluations() {
+    "$BIN/python" -c 'import sqlite3, sys
+print(sqlite3.connect(sys.argv[1]).execute("SELECT count(*) FROM evaluations").fetchone()[0])' \
+        "$LEDGERLM_WORKSPACE/ledger.db"
+}
+evaluations_before=$(evaluations)
+expect_extra lmeval "$BIN/ledgerlm" eval latest --harness
+if [ "$(evaluations)" != "$evaluations_before" ]; then echo "FAIL: an evaluation was written"; exit 1; fi
 expect_extra tune "$BIN/ledgerlm" tune "$RECIPE" --param 'train.lr=log:1e-4:3e-2' --trials 2
 test ! -e "$LEDGERLM_WORKSPACE/tune"
 echo "runtime-only install: every check passed"

@@ -1,8 +1,9 @@
 """Optional packages, imported where they are used and named by the extra that installs them.
 
 A command that needs a package outside the runtime set (an HF export, a dashboard
-sink, Ray, the MLPerf checker) asks for it through ``require`` before it writes
-anything; a missing package is then one line naming the extra, not a traceback.
+sink, Ray, the MLPerf checker, lm-evaluation-harness) asks for it through ``require``
+before it writes anything; a missing package is then one line naming the extra, not a
+traceback.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "ray": ("ray", "ray"),
     "optuna": ("optuna", "tune"),
     "mlperf_logging": ("mlperf-logging", "mllog"),
+    "lm_eval": ("lm-eval", "lmeval"),
 }
 
 

@@ -11,6 +11,7 @@ from rich.markup import escape
 from ledgerlm.cli import (
     config_cmd,
     data_cmd,
+    eval_cmd,
     export_cmd,
     ledger_cmd,
     lessons_cmd,
@@ -94,6 +95,7 @@ app.add_typer(mix_cmd.app, name="mix")
 app.command("report")(report_cmd.report)
 app.command("lessons")(lessons_cmd.lessons)
 app.command("tune")(tune_cmd.tune)
+app.command("eval")(eval_cmd.eval_run)
 
 
 def _print_result(result: RunResult) -> None:

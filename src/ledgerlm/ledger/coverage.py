@@ -1,12 +1,15 @@
 """How much of a run's wall time its phases account for.
 
 A run's bill is the sum of its phases, so every second from the run's creation to the
-end of its last phase should lie in one. What does not is reported, in two parts:
+end of its last phase should lie in one. What does not is reported, in three parts:
 
 - ``uncovered_seconds``: gaps between phases of a live process (work nobody timed);
 - ``interrupted_seconds``: the gaps that end at a phase marked ``resume`` (the time
   from a killed or failed process's last known moment to the restore of its resume,
-  which is nobody's work and is not charged).
+  which is nobody's work and is not charged);
+- ``idle_seconds``: the gaps that end at an ``eval_after`` phase (``ledgerlm eval``
+  scoring a snapshot of the run after the fact, hours or weeks after its process
+  ended): the run was not working then, and nothing of it is charged.
 
 It also places each update in that wall time (``update_times``), for the rows of ledgers
 written before each update's end was stored.
@@ -19,17 +22,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ledgerlm.ledger.target import EVAL_AFTER
+
 
 def phase_coverage(created_at: float, phases: Sequence[dict[str, Any]]) -> dict[str, float]:
     """Wall time from ``created_at`` to the end of the last phase, what the phases hold,
-    and the uncovered and interrupted gaps (seconds). An open phase counts up to its last
-    heartbeat (or its start)."""
+    and the uncovered, interrupted and idle gaps (seconds). An open phase counts up to
+    its last heartbeat (or its start)."""
     cursor = float(created_at)
-    uncovered = interrupted = held = 0.0
+    uncovered = interrupted = idle = held = 0.0
     for phase in sorted(phases, key=lambda p: float(p["started_at"])):
         start = float(phase["started_at"])
         if start > cursor:
-            if (phase.get("detail") or {}).get("resume"):
+            if phase.get("kind") == EVAL_AFTER:
+                idle += start - cursor
+            elif (phase.get("detail") or {}).get("resume"):
                 interrupted += start - cursor
             else:
                 uncovered += start - cursor
@@ -42,6 +49,7 @@ def phase_coverage(created_at: float, phases: Sequence[dict[str, Any]]) -> dict[
         "phase_seconds": held,
         "uncovered_seconds": uncovered,
         "interrupted_seconds": interrupted,
+        "idle_seconds": idle,
     }
 
 

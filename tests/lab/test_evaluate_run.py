@@ -1,0 +1,230 @@
+"""``evaluate_run``: a finished run's checkpoint scored after the fact, in process, and
+written into the ledger as an evaluation of that snapshot bound to an ``eval_after``
+phase. The run scores the same tasks in its own loop, so the evaluation after the fact
+must give the loop's figures at the checkpoint's step, on the same weights digest;
+the run's verdict, status and bill do not move; every refusal writes nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from ledgerlm.config import load_recipe, recipe_from_dict
+from ledgerlm.errors import ArgumentError
+from ledgerlm.lab.evaluate_run import evaluate_run, read_tasks_file
+from ledgerlm.lab.run import run_recipe
+from ledgerlm.lab.skeleton import run_lock
+from ledgerlm.ledger.coverage import phase_coverage
+from ledgerlm.ledger.store import Ledger, LedgerError
+from ledgerlm.workspace import Workspace
+
+TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.toml"
+# confirmed at the first evaluation (step 4: any loss under 7 nat/token), where it stops
+BASE = ["train.max_steps=8", "eval.every_steps=4", "eval.target_loss=7.0", "train.threads=1"]
+WORDS = ["def", "return", "self", "import", "class", "for", "if", "in", "not", "None", "print"]
+
+
+def _records(kind: str, n: int, seed: int) -> list[dict]:
+    """Code-like records whose contexts end in spaces, a newline or nothing."""
+    import random
+
+    rng = random.Random(seed)
+    ends = ["", " ", "  ", "\n", "(", ":"]
+    out = []
+    for i in range(n):
+        context = " ".join(rng.choice(WORDS) for _ in range(4)) + ends[i % len(ends)]
+        if kind == "choice":
+            choices = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 3))) for _ in "abc"]
+            out.append({"context": context, "choices": choices, "gold": rng.randrange(3)})
+        else:
+            out.append({"context": context, "answer": rng.choice(WORDS)})
+    return out
+
+
+def _write(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """A tiny run whose loop scores a choice, a bpb and an exact task."""
+    root = tmp_path_factory.mktemp("evaluate-run")
+    files = {k: _write(root / f"{k}.jsonl", _records(k, 12, i)) for i, k in enumerate(TASKS)}
+    tree = load_recipe(TINY, BASE).to_dict()
+    tree["eval"]["tasks"] = [
+        {"name": f"t-{k}", "path": str(files[k]), "kind": k, "max_new_tokens": 3} for k in TASKS
+    ]
+    ws = Workspace(root / "ws")
+    result = run_recipe(recipe_from_dict(tree), ws)
+    return root, result.run_id
+
+
+TASKS = ("choice", "bpb", "exact")
+
+
+@pytest.fixture
+def ws(made, tmp_path) -> tuple[Workspace, str]:
+    """A copy of the run's workspace, for a test that writes to its ledger."""
+    root, run_id = made
+    shutil.copytree(root / "ws", tmp_path / "ws")
+    return Workspace(tmp_path / "ws"), run_id
+
+
+def _summary(ws: Workspace, run_id: str) -> dict:
+    with Ledger(ws.ledger_path, read_only=True) as ledger:
+        return ledger.run_summary(run_id)
+
+
+def _rows(ws: Workspace) -> tuple[int, int]:
+    db = sqlite3.connect(ws.ledger_path)
+    try:
+        return tuple(
+            db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("evaluations", "phases")
+        )
+    finally:
+        db.close()
+
+
+def test_in_process_gives_the_loops_figures_on_the_same_snapshot(ws):
+    ws, run_id = ws
+    before = _summary(ws, run_id)
+    last = before["evaluations"][-1]
+    result = evaluate_run(ws, run_id)
+
+    assert (result.step, result.snapshot) == (last["step"], last["snapshot"])
+    assert result.loop_snapshot is True and not result.harness
+    assert result.tasks == [f"t-{k}" for k in TASKS]
+    task_keys = {k: v for k, v in last["metrics"].items() if k.startswith("task/")}
+    assert set(result.metrics) == set(task_keys)
+    assert result.metrics == pytest.approx(task_keys, rel=1e-6, abs=1e-9, nan_ok=True)
+
+    after = _summary(ws, run_id)
+    (phase,) = [p for p in after["phases"] if p["kind"] == "eval_after"]
+    (ev,) = [e for e in after["evaluations"] if e["phase_id"] == phase["id"]]
+    assert ev["id"] == result.evaluation_id and ev["snapshot"] == last["snapshot"]
+    assert (ev["step"], ev["tokens"], ev["targets"], ev["updates"]) == (
+        last["step"],
+        last["tokens"],
+        last["targets"],
+        last["updates"],
+    )
+    assert ev["metrics"] == pytest.approx(result.metrics, nan_ok=True)
+    detail = phase["detail"]
+    assert detail["snapshot_step"] == last["step"] and detail["harness"] is False
+    assert detail["tasks"] == result.tasks and set(detail["task_seconds"]) == set(result.tasks)
+    (recorded,) = [json.loads(e["message"]) for e in before["events"] if e["kind"] == "tasks"]
+    assert [f["sha256"] for f in detail["task_files"]] == [r["sha256"] for r in recorded]
+    assert phase["seconds"] == pytest.approx(result.seconds)
+    assert 0 < detail["device_seconds"] <= phase["seconds"]
+
+    # the run's verdict, status and what its bill holds do not move
+    assert after["run"]["status"] == before["run"]["status"] == "reached"
+    assert after["time_to_target"] == before["time_to_target"]
+    # the wait between the run's end and this evaluation is no gap of the run
+    cov0, cov1 = before["coverage"], after["coverage"]
+    assert cov1["uncovered_seconds"] == pytest.approx(cov0["uncovered_seconds"], abs=1e-6)
+    assert cov1["interrupted_seconds"] == cov0["interrupted_seconds"]
+    assert cov1["idle_seconds"] > 0 and cov0["idle_seconds"] == 0
+
+
+def test_named_tasks_a_tasks_file_and_a_limit(ws, tmp_path):
+    ws, run_id = ws
+    extra = _write(tmp_path / "more.jsonl", _records("choice", 9, 7))
+    toml = tmp_path / "more.toml"
+    toml.write_text(f'[[tasks]]\nname = "more"\npath = "{extra}"\nkind = "choice"\nfew_shot = 0\n')
+    result = evaluate_run(ws, run_id, tasks=["t-bpb", str(toml)], limit=5)
+    assert result.tasks == ["t-bpb", "more"]
+    assert result.metrics["task/t-bpb/items"] == result.metrics["task/more/items"] == 5
+    assert {k.split("/")[1] for k in result.metrics} == {"t-bpb", "more"}
+    assert 0 <= result.metrics["task/more/acc"] <= 1
+
+
+def test_refusals_write_nothing(ws, tmp_path):
+    ws, run_id = ws
+    before = _rows(ws)
+    step = _summary(ws, run_id)["evaluations"][-1]["step"]
+    with pytest.raises(
+        ArgumentError,
+        match=f"step 3: run {run_id} keeps one checkpoint, its latest, at step {step}",
+    ):
+        evaluate_run(ws, run_id, step=3)
+    with pytest.raises(
+        ArgumentError,
+        match=r"tasks 'nope': not a file, nor a task of run .*t-choice, t-bpb, t-exact",
+    ):
+        evaluate_run(ws, run_id, tasks=["nope"])
+    with pytest.raises(ArgumentError, match="task t-bpb given more than once"):
+        evaluate_run(ws, run_id, tasks=["t-bpb", "t-bpb"])
+    with pytest.raises(ArgumentError, match="limit 0: must be at least 1"):
+        evaluate_run(ws, run_id, limit=0)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[tasks]]\nname = "x"\npath = "x.jsonl"\nkind = "choice"\nshots = 2\n')
+    with pytest.raises(ValueError, match=f"{bad}: unknown key 'tasks.0.shots'"):
+        evaluate_run(ws, run_id, tasks=[str(bad)])
+    missing = tmp_path / "missing.jsonl"
+    bad.write_text(f'[[tasks]]\nname = "x"\npath = "{missing}"\nkind = "choice"\n')
+    with pytest.raises(ValueError, match=f"{missing}: cannot read the task file"):
+        evaluate_run(ws, run_id, tasks=[str(bad)])
+    # a run a live process trains: its status running and its lock held
+    with Ledger(ws.ledger_path) as ledger:
+        ledger.finish_run(run_id, "running")
+    with run_lock(ws.run_dir(run_id)), pytest.raises(LedgerError, match="is being trained"):
+        evaluate_run(ws, run_id)
+    with Ledger(ws.ledger_path) as ledger:
+        ledger.finish_run(run_id, "reached")
+    shutil.rmtree(ws.run_dir(run_id) / "checkpoint")
+    with pytest.raises(LedgerError, match=f"run {run_id} has no checkpoint to evaluate"):
+        evaluate_run(ws, run_id)
+    assert _rows(ws) == before
+
+
+def test_a_checkpoint_that_is_not_the_loops_snapshot_is_refused(ws):
+    """The loop's digest at the step altered: the checkpoint no longer matches what the
+    run evaluated there, and no evaluation is written (the attempt's phase says why)."""
+    ws, run_id = ws
+    last = _summary(ws, run_id)["evaluations"][-1]
+    db = sqlite3.connect(ws.ledger_path)
+    with db:
+        db.execute(
+            "UPDATE evaluations SET snapshot = 'feedfacefeedface' WHERE id = ?", (last["id"],)
+        )
+    db.close()
+    evaluations = _rows(ws)[0]
+    with pytest.raises(
+        LedgerError, match=f"digest {last['snapshot']}.*step {last['step']} \\(feedfacefeedface\\)"
+    ):
+        evaluate_run(ws, run_id)
+    assert _rows(ws)[0] == evaluations
+    (phase,) = [p for p in _summary(ws, run_id)["phases"] if p["kind"] == "eval_after"]
+    assert "feedfacefeedface" in phase["detail"]["error"]
+
+
+def test_the_wait_before_an_eval_after_phase_is_idle_not_uncovered():
+    def phase(kind, start, end, **detail):
+        return {"kind": kind, "started_at": start, "ended_at": end, "detail": detail}
+
+    run = [phase("train", 0.0, 10.0), phase("eval", 10.5, 11.0)]
+    later = [*run, phase("eval_after", 100.0, 103.0), phase("restore", 110.0, 111.0, resume=True)]
+    cov = phase_coverage(0.0, later)
+    assert cov["uncovered_seconds"] == pytest.approx(0.5)  # between train and eval
+    assert cov["idle_seconds"] == pytest.approx(89.0)  # from the run's end to eval_after
+    assert cov["interrupted_seconds"] == pytest.approx(7.0)
+    assert cov["wall_seconds"] == 111.0 and cov["phase_seconds"] == pytest.approx(14.5)
+    assert phase_coverage(0.0, run)["idle_seconds"] == 0.0
+
+
+def test_a_tasks_file_of_no_tables_is_one_line(tmp_path):
+    empty = tmp_path / "empty.toml"
+    empty.write_text("# nothing\n")
+    with pytest.raises(ValueError, match=f"^{empty}: no \\[\\[tasks\\]\\] tables$"):
+        read_tasks_file(empty)
+    empty.write_text("[[tasks]]\nname = 'x'\n")
+    with pytest.raises(
+        ValueError, match=f"^{empty}: tasks.0: .*give path or builtin, exactly one$"
+    ):
+        read_tasks_file(empty)

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ledgerlm.ledger.events import TEST_EVALUATION
-from ledgerlm.ledger.target import higher_is_better
+from ledgerlm.ledger.target import EVAL_AFTER, higher_is_better
 
 RULE = (
     "time-to-target = wall time of all phases up to the evaluation that confirms the "
@@ -239,9 +239,6 @@ def final_domain_losses(summary: Mapping[str, Any]) -> dict[str, float | None]:
 
 # ---------------------------------------------------------------------------- tasks
 
-# The phase kind of an evaluation written after the fact (``ledgerlm eval``): it never
-# confirms a target and is never on the bill.
-EVAL_AFTER = "eval_after"
 
 
 def is_task_metric(key: str) -> bool:

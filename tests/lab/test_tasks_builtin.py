@@ -116,10 +116,16 @@ def test_resolve_tasks_loads_built_in_tasks_with_their_own_settings(version):
     assert record["sha256"] == sums.digest
 
 
-def test_a_built_in_task_keeps_a_setting_the_recipe_gives():
-    cfg = TaskConfig(name="lines", builtin="code-next-line", delimiter=" ")
-    assert builtin_config(cfg).delimiter == " "
-    with pytest.raises(ValueError, match="context_field name fields of a task file"):
+def test_a_built_in_task_has_its_own_delimiters_and_field_names():
+    cfg = TaskConfig(name="lines", builtin="code-next-line")
+    assert builtin_config(cfg).delimiter == ""
+    # as a recipe read back from the ledger names them: every field, at its default
+    spelled = TaskConfig.model_validate(cfg.model_dump())
+    assert "delimiter" in spelled.model_fields_set
+    assert builtin_config(spelled) == builtin_config(cfg)
+    with pytest.raises(ValueError, match="has its own delimiter; leave them unset"):
+        builtin_config(TaskConfig(name="lines", builtin="code-next-line", delimiter="\t"))
+    with pytest.raises(ValueError, match="has its own context_field; leave them unset"):
         builtin_config(TaskConfig(name="x", builtin="arith", context_field="question"))
 
 

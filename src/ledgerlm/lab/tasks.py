@@ -37,12 +37,14 @@ from ledgerlm.workspace import (
     read_manifest,
 )
 
-# A built-in task's own settings, used unless the recipe sets the field: arith's lines
-# follow each other one per line in the math documents; code-next-line's context ends
-# with a newline, so the continuation is the whole next line.
-BUILTIN_SETTINGS: dict[str, dict[str, Any]] = {
-    "arith": {"fewshot_delimiter": "\n", "max_new_tokens": 10},
-    "code-next-line": {"delimiter": ""},
+# A built-in task's own delimiters, whatever the recipe's defaults say (a recipe read
+# back from the ledger names every field, so "left unset" cannot be told apart from
+# "set to the default"): arith's lines follow each other one per line in the math
+# documents; code-next-line's context ends with a newline, so the continuation is the
+# whole next line as the file has it, with nothing between.
+BUILTIN_SETTINGS: dict[str, dict[str, str]] = {
+    "arith": {"delimiter": " ", "fewshot_delimiter": "\n"},
+    "code-next-line": {"delimiter": "", "fewshot_delimiter": "\n"},
 }
 _FIELDS = ("context_field", "choices_field", "gold_field", "answer_field", "split_field")
 
@@ -58,23 +60,25 @@ def resolve_tasks(
         if cfg.builtin is None:
             out.append(load_task(cfg, Path(str(cfg.path))))
             continue
+        own = builtin_config(cfg)
         folder = data_dir if data_dir is not None else _data_of(ws, store, cfg)
-        path = materialize(cfg.builtin, ws, folder)
-        out.append(load_task(builtin_config(cfg), path))
+        out.append(load_task(own, materialize(str(cfg.builtin), ws, folder)))
     return out
 
 
 def builtin_config(cfg: TaskConfig) -> TaskConfig:
-    """``cfg`` with the built-in task's own settings where the recipe left them unset.
-    The records' field names are the task's, so a recipe may not rename them."""
-    renamed = [f for f in _FIELDS if f in cfg.model_fields_set]
-    if renamed:
-        raise ValueError(
-            f"task {cfg.name!r}: {', '.join(renamed)} name fields of a task file; the "
-            f"built-in task {cfg.builtin} has its own"
-        )
+    """``cfg`` with the built-in task's own delimiters. Its records' field names and
+    delimiters are the task's: a recipe that sets others is refused, not ignored."""
     own = BUILTIN_SETTINGS[str(cfg.builtin)]
-    return cfg.model_copy(update={k: v for k, v in own.items() if k not in cfg.model_fields_set})
+    fields = TaskConfig.model_fields
+    changed = [f for f in _FIELDS if getattr(cfg, f) != fields[f].default]
+    changed += [f for f, v in own.items() if getattr(cfg, f) not in (v, fields[f].default)]
+    if changed:
+        raise ValueError(
+            f"task {cfg.name!r}: the built-in task {cfg.builtin} has its own "
+            f"{', '.join(changed)}; leave them unset"
+        )
+    return cfg.model_copy(update=own)
 
 
 def _data_of(ws: Workspace, store: TokenStore, cfg: TaskConfig) -> Path:

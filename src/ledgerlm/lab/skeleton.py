@@ -29,7 +29,7 @@ from ledgerlm.lab.tasks import resolve_tasks, task_record
 from ledgerlm.ledger import events
 from ledgerlm.ledger.store import LedgerBusyError, LedgerError
 from ledgerlm.progress import NullProgress, Progress
-from ledgerlm.tasks.items import TaskSet
+from ledgerlm.tasks.items import TaskSet, load_task
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.shards import TokenStore, build_tokens
 from ledgerlm.train.checkpointing import checkpointer
@@ -107,12 +107,25 @@ def failing(recorder: LedgerRecorder) -> Iterator[None]:
 
 
 def check_contract(recipe: Recipe, world: World) -> None:
+    """What the recipe asks of this world that it cannot give, and the task files it
+    names, each refused in one line before anything is written."""
     if recipe.train.optimizer == "muon" and world.sharded:
         raise ValueError(
             "train.optimizer = 'muon' orthogonalizes whole matrices, which FSDP shards; "
             "use train.parallel = 'ddp' with muon"
         )
     check_sharded(recipe.eval.tasks, world)
+    check_task_files(recipe)
+
+
+def check_task_files(recipe: Recipe) -> None:
+    """Every task file the recipe names is read and checked (``tasks.items.load_task``:
+    a missing file or a bad record is ``file:line: reason``), so a bad one stops the
+    run before its ledger row; the run reads them again as it starts (``eval_sets``).
+    Built-in tasks are made from the data version, which only the run has."""
+    for cfg in recipe.eval.tasks:
+        if cfg.path is not None:
+            load_task(cfg, Path(cfg.path))
 
 
 def check_metric(recipe: Recipe, store: TokenStore) -> None:

@@ -1,0 +1,77 @@
+"""``ledgerlm run`` of the tiny recipe with downstream tasks: every evaluation in the ledger
+holds their metrics, a task target confirms the run, the bill holds the tasks' seconds
+as their own row within eval, and a bad task file stops the run in one line before its
+ledger row."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from ledgerlm.ledger.store import Ledger
+from ledgerlm.ledger.target import time_to_target
+
+from .conftest import ledgerlm
+from .tasks_ranks import tasks_recipe
+
+# pick's accuracy in this run: 0.25 at step 10 (its interval's lower bound 0.12), 0.54
+# at step 20 (0.35): the threshold alone would confirm at step 10, the interval at 20
+TARGET = 'metric = "task/pick/acc"\ntargets = {"task/pick/acc" = 0.2}\nconfirm_by = "interval"\n'
+STEPS = ["--set", "train.max_steps=40", "--set", "eval.every_steps=10"]
+
+
+@pytest.mark.slow
+def test_a_task_target_confirms_the_run_and_its_seconds_are_on_the_bill(
+    tiny_workspace_copy, tmp_path
+):
+    ws, recipe = tiny_workspace_copy, tasks_recipe(tmp_path, TARGET)
+    ledgerlm("run", str(recipe), "--workspace", str(ws), *STEPS)
+    with Ledger(ws / "ledger.db", read_only=True) as ledger:
+        run = ledger.list_runs()[0]  # newest first: this test's
+        summary = ledger.run_summary(run["id"])
+    verdict, evals = summary["time_to_target"], summary["evaluations"]
+    assert verdict["metric"] == "task/pick/acc" and verdict["reached"]
+    # the first evaluation's accuracy at the threshold, not its interval; the second's
+    # interval too: confirmed there, and the run stopped
+    assert [e["step"] for e in evals] == [10, 20] and verdict["step"] == 20
+    first, second = (e["metrics"] for e in evals)
+    assert first["task/pick/acc"] >= 0.2 > first["task/pick/acc_low"]
+    assert second["task/pick/acc_low"] >= 0.2
+    by_value = time_to_target(summary["phases"], evals, "task/pick/acc", 0.2)
+    assert by_value.step == 10  # what the interval refused
+    for e in evals:
+        m = e["metrics"]
+        assert m["task/pick/items"] == 24 and m["task/sums/items"] == 12
+        assert m["task/prose/items"] == 16
+        assert {"task/pick/acc_low", "task/pick/acc_norm", "task/sums/exact_match"} <= m.keys()
+    evals_phases = [p for p in summary["phases"] if "task_seconds" in p["detail"]]
+    assert [p["id"] for p in evals_phases] == [e["phase_id"] for e in evals]
+    spent = sum(s for p in evals_phases for s in p["detail"]["task_seconds"].values())
+    assert verdict["task_seconds"] == spent > 0
+    assert verdict["task_seconds"] < verdict["by_phase"]["eval"]
+    (event,) = [e for e in summary["events"] if e["kind"] == "tasks"]
+    found = {t["name"]: t for t in json.loads(event["message"])}
+    for name, t in found.items():
+        digest = hashlib.sha256((tmp_path / "tasks" / f"{name}.jsonl").read_bytes()).hexdigest()
+        assert t["sha256"] == digest
+    assert {n: t["items"] for n, t in found.items()} == {"pick": 24, "sums": 12, "prose": 16}
+
+
+def test_a_bad_task_file_stops_the_run_in_one_line_before_its_ledger_row(
+    tiny_workspace_copy, tmp_path
+):
+    ws, recipe = tiny_workspace_copy, tasks_recipe(tmp_path)
+    bad = tmp_path / "tasks" / "pick.jsonl"
+    lines = bad.read_text().splitlines()
+    lines[2] = '{"context": "x", "choices": ["a"], "gold": 3}'
+    bad.write_text("\n".join(lines) + "\n")
+    with Ledger(ws / "ledger.db", read_only=True) as ledger:
+        before = len(ledger.list_runs())
+    proc = ledgerlm("run", str(recipe), "--workspace", str(ws), *STEPS, check=False)
+    assert proc.returncode != 0
+    (line,) = [x for x in (proc.stdout + proc.stderr).splitlines() if x.strip()]
+    assert f"{bad}:3:" in line and "gold" in line
+    with Ledger(ws / "ledger.db", read_only=True) as ledger:
+        assert len(ledger.list_runs()) == before

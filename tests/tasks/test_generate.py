@@ -11,7 +11,7 @@ import torch
 from task_fixtures import ANSWERS, task
 
 from ledgerlm.model.decode import generate_uncached
-from ledgerlm.tasks.generate import cut
+from ledgerlm.tasks.generate import cut, generate_batch
 from ledgerlm.tasks.score import Ranks, score_task
 
 SEQ, NEW = 64, 6
@@ -88,6 +88,17 @@ def test_eos_ends_the_generation_and_is_not_text(tmp_path, wild, tok, specials):
     ended = _exact(model, tok, bos, ts, eos=ids[1])
     assert ended.per_item["generated_ids"] == [ids[: ids.index(ids[1]) + 1]]
     assert ended.per_item["generated"] == [tok.decode(ids[: ids.index(ids[1])])]
+
+
+def test_a_row_that_ended_keeps_its_tokens_while_its_batch_goes_on(wild, tok, specials):
+    bos = specials["bos"]
+    prompts = [[bos, t] for t in (270, 263, 298, 105)]  # one length: one batch
+    free = generate_batch(wild, prompts, NEW, tok, [], None)
+    eos = free[0][1]
+    assert all(eos not in ids for ids in free[1:])  # only row 0 meets it
+    batched = generate_batch(wild, prompts, NEW, tok, [], eos)
+    assert batched == [generate_batch(wild, [p], NEW, tok, [], eos)[0] for p in prompts]
+    assert batched[0] == free[0][: free[0].index(eos) + 1] and batched[1:] == free[1:]
 
 
 def test_cut_is_at_the_first_of_any_stop_string():

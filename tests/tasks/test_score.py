@@ -19,7 +19,15 @@ from hypothesis import strategies as st
 from task_fixtures import ANSWERS, CHOICE, task
 
 from ledgerlm.model.decode import full_logits
-from ledgerlm.tasks.score import Ranks, choice_scores, score_task, score_tasks, width
+from ledgerlm.tasks.score import (
+    Ranks,
+    batches,
+    choice_scores,
+    requests,
+    score_task,
+    score_tasks,
+    width,
+)
 
 SEQ = 64
 ATOL = 1e-4
@@ -76,12 +84,16 @@ def test_acc_norm_divides_by_characters_and_a_tie_goes_to_the_first(tmp_path):
         [
             {"context": "q", "choices": ["a", "bbbb"], "gold": 1},
             {"context": "q", "choices": ["a", "b"], "gold": 1},
+            {"context": "q", "choices": ["a", "bb"], "gold": 1},
         ],
         "choice",
     )
-    # item 1: -2 beats -4, but -4 / 4 beats -2 / 1; item 2: a tie, the first choice wins
-    _, per_item = choice_scores(ts.items, np.array([-2.0, -4.0, -1.0, -1.0]), "task/t/")
-    assert per_item["acc"] == [0.0, 0.0] and per_item["acc_norm"] == [1.0, 0.0]
+    # item 1: -2 beats -4, but -4 / 4 beats -2 / 1; item 2: a tie, the first choice wins;
+    # item 3: -1.6 / 2 beats -1 / 1 by the choices' lengths, not by the continuations'
+    # (" a", " bb": -1 / 2 would beat -1.6 / 3)
+    ll = np.array([-2.0, -4.0, -1.0, -1.0, -1.0, -1.6])
+    _, per_item = choice_scores(ts.items, ll, "task/t/")
+    assert per_item["acc"] == [0.0, 0.0, 0.0] and per_item["acc_norm"] == [1.0, 0.0, 1.0]
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +164,17 @@ def test_the_model_is_called_with_targets_in_few_shapes_and_left_in_its_mode(
     assert len(calls) == -(-requests // 4)
     assert {r for r, _ in calls} == {4} and {t for _, t in calls} <= {SEQ}
     assert [width(n, 1024) for n in (1, 64, 65, 200, 1024)] == [64, 64, 128, 256, 1024]
+    assert width(700, 1000) == 1000  # never past seq_len
+
+
+def test_requests_run_longest_first_rows_to_a_batch(tok, specials, choice_task):
+    reqs = requests(choice_task.items, tok, specials["bos"], SEQ, range(len(CHOICE)))
+    assert [r.index for r in reqs] == list(range(len(reqs)))  # flat, item by item
+    lengths = [len(r.tokens) for batch in batches(reqs, 4) for r in batch]
+    assert lengths == sorted(lengths, reverse=True) and len(set(lengths)) > 1
+    assert [len(b) for b in batches(reqs, 4)] == [4] * (len(reqs) // 4) + [len(reqs) % 4] * (
+        len(reqs) % 4 > 0
+    )
 
 
 def test_what_cannot_be_scored_is_refused(tmp_path, model, tok, specials, choice_task):

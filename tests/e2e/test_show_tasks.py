@@ -43,7 +43,10 @@ def shown(tmp_path_factory) -> tuple[Path, str, dict]:
             targets={"task/arith/exact_match": 0.2, "task/story/bpb": 1.9, "code": 3.0},
             confirm_by="interval",
             task_seconds=[dict.fromkeys(TASKS, 0.1 * (i + 1)) for i in range(4)],
-            after=[(200, accuracy("arith", "exact_match", 21, 100), True)],
+            after=[
+                (200, accuracy("arith", "exact_match", 21, 100), True),
+                (300, accuracy("arith", "exact_match", 31, 100), False),
+            ],
         )
         summary = ledger.run_summary(run)
     return ws, run, summary
@@ -62,14 +65,24 @@ def test_show_prints_every_task_curve_whole_at_80_columns(shown, tty) -> None:
         if k in e["metrics"]
     ]
     assert "0.20±0.04" in cells  # arith at step 200: 20 of 100
-    readable(out, cells, prose=("* scored after",))
+    readable(out, cells)
     for name in metrics:  # every header, perhaps broken after its slash
         head, tail = name.removeprefix("task/").split("/")
         assert f"{head}/{tail}" in out or (f"{head}/" in out and tail in out), name
     assert out.count("tasks (value±stderr),") >= 3  # one table per few metrics
     lines = out.splitlines()
-    assert any(line.split()[:1] == ["200*"] for line in lines), out  # the step after the fact
-    assert "* scored after the fact (ledgerlm eval: step 200 by lm-evaluation-harness)" in out
+    for mark in ("200+", "300*"):  # in every task table, not in the loss table
+        marked = [line for line in lines if line.split()[:1] == [mark]]
+        assert len(marked) == len(cells_tables(out)) == 3, mark
+    joined = " ".join(out.split())
+    assert (
+        "* scored after the fact in process (ledgerlm eval); + by lm-evaluation-harness "
+        "(ledgerlm eval --harness): never confirming the target, never on its bill" in joined
+    )
+
+
+def cells_tables(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.strip().startswith("tasks (value±stderr)")]
 
 
 @MODES

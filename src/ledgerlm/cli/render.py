@@ -40,7 +40,8 @@ PHASE_ORDER = (
     "restore",
     "eval_after",
 )
-AFTER = "*"  # marks the step of an evaluation written after the fact
+# marks the step of an evaluation written after the fact: in process, by the harness
+AFTER, HARNESS = "*", "+"
 UNCOVERED_SHOWN = 0.05  # seconds between phases worth a line in `ledger show`
 
 
@@ -177,7 +178,9 @@ def counters_table(summary: dict[str, Any]) -> FitTable:
 
 
 def _step_cell(ev: dict[str, Any], later: dict[int, dict[str, Any]]) -> str:
-    return f"{ev['step']}{AFTER}" if ev.get("id") in later else str(ev["step"])
+    if ev.get("id") not in later:
+        return str(ev["step"])
+    return f"{ev['step']}{HARNESS if later[ev['id']].get('harness') else AFTER}"
 
 
 def _held(summary: dict[str, Any], metrics: dict[str, Any], name: str) -> bool:
@@ -206,6 +209,8 @@ def evaluations_table(summary: dict[str, Any], limit: int | None = None) -> FitT
     for col in ("step", "tokens", "snapshot", *names):
         t.add_column(escape(col), justify="right" if col != "snapshot" else "left")
     later = after_the_fact(summary)
+    # an evaluation after the fact that scored none of these (tasks only): task_tables
+    evals = [e for e in evals if e["id"] not in later or any(n in e["metrics"] for n in names)]
     shown = evals if limit is None or len(evals) <= limit else evals[-limit:]
     for e in shown:
         cells = []
@@ -226,7 +231,7 @@ def task_tables(
     """The task curves: per evaluation, each task metric with its standard error
     (``0.62±0.07``; the 95% interval is in --json), as many metrics to a table as fit
     ``width`` columns (the console's) whole, a target that holds in green; evaluations
-    written after the fact marked ``AFTER``. None without tasks."""
+    written after the fact marked (``AFTER``, ``HARNESS``). None without tasks."""
     evals = summary["evaluations"]
     metrics = task_metric_names(evals)
     if not metrics:
@@ -278,19 +283,16 @@ def task_tables(
 
 
 def after_line(summary: dict[str, Any]) -> str | None:
-    """What marks an evaluation written after the fact, and which scored it."""
-    later = after_the_fact(summary)
+    """What the marks of evaluations written after the fact (``ledgerlm eval``) mean."""
+    later = after_the_fact(summary).values()
     if not later:
         return None
-    by_step = {e["id"]: e["step"] for e in summary["evaluations"]}
-    how = ", ".join(
-        f"step {by_step[i]} by {'lm-evaluation-harness' if d.get('harness') else 'ledgerlm'}"
-        for i, d in later.items()
-    )
-    return (
-        f"{AFTER} scored after the fact (ledgerlm eval: {how}); such an evaluation "
-        "never confirms the target and is not on its bill"
-    )
+    how = []
+    if any(not d.get("harness") for d in later):
+        how.append(f"{AFTER} scored after the fact in process (ledgerlm eval)")
+    if any(d.get("harness") for d in later):
+        how.append(f"{HARNESS} by lm-evaluation-harness (ledgerlm eval --harness)")
+    return "; ".join(how) + ": never confirming the target, never on its bill"
 
 
 def _threshold_words(name: str, threshold: float) -> str:

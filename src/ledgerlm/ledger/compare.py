@@ -240,7 +240,6 @@ def final_domain_losses(summary: Mapping[str, Any]) -> dict[str, float | None]:
 # ---------------------------------------------------------------------------- tasks
 
 
-
 def is_task_metric(key: str) -> bool:
     """Whether ``key`` is a task metric's value, ``task/<name>/<metric>``: not its
     ``_stderr``, ``_low``, ``_high`` nor the task's ``items``."""

@@ -135,14 +135,16 @@ def test_generations_split_over_two_ranks_sum_to_one_process(tmp_path, wild, tok
     ts = task(tmp_path / "a.jsonl", ANSWERS, "exact", max_new_tokens=NEW, stop=[])
     one = _exact(model, tok, bos, ts)
     seen: dict[int, torch.Tensor] = {}
+
+    def keep(x: torch.Tensor, r: int) -> torch.Tensor:
+        assert x.dtype == torch.float64 and x.dim() == 1 and x.device.type == "cpu"
+        return seen.setdefault(r, x.clone())
+
     for r in (0, 1):
-        _exact(
-            model, tok, bos, ts, ranks=Ranks(r, 2, all_reduce=lambda x, r=r: seen.setdefault(r, x))
-        )
-    assert all(
-        seen[r][r::2].count_nonzero() > 0 and seen[r][1 - r :: 2].count_nonzero() == 0
-        for r in (0, 1)
-    )
+        _exact(model, tok, bos, ts, ranks=Ranks(r, 2, all_reduce=lambda x, r=r: keep(x, r)))
+    tables = {r: seen[r].reshape(len(ANSWERS), NEW) for r in (0, 1)}  # (items, tokens)
+    for r in (0, 1):  # each rank its own items (r::2), zeros elsewhere
+        assert tables[r][r::2].count_nonzero() > 0 and tables[r][1 - r :: 2].count_nonzero() == 0
     for r in (0, 1):
         both = _exact(
             model, tok, bos, ts, ranks=Ranks(r, 2, all_reduce=lambda x, r=r: x + seen[1 - r])

@@ -63,6 +63,14 @@ def test_answer_records_name_their_configured_fields(tmp_path, kind):
     )
 
 
+def test_a_bpb_record_of_no_bytes_is_refused(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", [{"context": "c", "answer": ""}])
+    load_task(TaskConfig(name="t", path="t", kind="bpb"), path)  # the delimiter is a byte
+    with pytest.raises(TaskFileError, match=rf"^{path}:1: field 'answer' is empty .* no bytes"):
+        load_task(TaskConfig(name="t", path="t", kind="bpb", delimiter=""), path)
+    load_task(TaskConfig(name="t", path="t", kind="exact", delimiter=""), path)
+
+
 def test_bytes_that_are_not_utf8_are_not_json(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_bytes(b'{"context": "c", "answer": "a"}\n{"context": "\xff", "answer": "a"}\n')

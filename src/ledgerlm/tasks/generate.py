@@ -42,6 +42,8 @@ def cut(text: str, stop: Sequence[str]) -> str:
 def _ended(ids: list[int], tokenizer: Tokenizer, stop: Sequence[str], eos: int | None) -> bool:
     if eos is not None and ids and ids[-1] == eos:
         return True
+    if not any(stop):
+        return False
     text = tokenizer.decode(ids, skip_special_tokens=True)
     return any(s and s in text for s in stop)
 

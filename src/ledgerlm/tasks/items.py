@@ -131,6 +131,8 @@ def _record(cfg: TaskConfig, raw: Any, line: int, fail) -> _Record:
         answer = raw[cfg.answer_field]
         if not isinstance(answer, str):
             fail(f"field {cfg.answer_field!r} must be a string, not {_type(answer)}")
+        if kind == "bpb" and not cfg.delimiter + answer:  # bits per byte of no bytes
+            fail(f"field {cfg.answer_field!r} is empty and so is the delimiter: no bytes to score")
         answers, gold = (answer,), 0
     train = raw.get(cfg.split_field) == "train"
     return _Record(line=line, context=context, choices=answers, gold=gold, train=train)

@@ -53,19 +53,21 @@ class Ranks:
     rank: int = 0
     size: int = 1
     sharded: bool = False  # FSDP: every rank must run the same number of forwards
-    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None  # sum over ranks
+    # the sum over ranks of a flat float64 CPU tensor (in: this rank's, out: the sum)
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def mine(self, n: int) -> range:
         """The indices of ``n`` items this rank scores."""
         return range(self.rank, n, self.size)
 
     def sum(self, x: torch.Tensor) -> torch.Tensor:
-        """A float64 CPU tensor summed over the ranks (itself in one process)."""
+        """A float64 CPU tensor summed over the ranks (itself in one process); the
+        all_reduce gets and gives it flat (1-D)."""
         if self.size == 1:
             return x
         if self.all_reduce is None:
             raise ValueError(f"{self.size} ranks need an all_reduce to sum their items")
-        return self.all_reduce(x)
+        return self.all_reduce(x.reshape(-1)).reshape(x.shape)
 
 
 @dataclass(frozen=True)

@@ -202,22 +202,23 @@ def evaluate_run(
         check("lm_eval", PURPOSE)
         check("transformers", PURPOSE)
     require_ledger(workspace.ledger_path)
-    with Ledger(workspace.ledger_path, read_only=True) as reader:
+    with Ledger(workspace.ledger_path, read_only=True) as reader:  # refusals write nothing
         run_id = reader.resolve_run(run_ref)
-    run_dir = workspace.run_dir(run_id)
+        run = reader.run_summary(run_id)["run"]
+    _refuse_live(workspace, run)
+    at = int(_checkpoint_state(workspace, run_id, step)["step"])
+    recipe = load_recipe(workspace.run_dir(run_id) / "recipe.toml")
+    cfgs = chosen_tasks(recipe, tasks, run_id)
+    if limit is not None:
+        cfgs = [c.model_copy(update={"limit": limit}) for c in cfgs]
+    store = TokenStore(find_version(workspace, "tokens", run["tokens_version"], verify=False).path)
+    sets = resolve_tasks(cfgs, workspace, store, None)
+    names = [t.name for t in sets]
+    files = [task_record(t) for t in sets]
     with Ledger(workspace.ledger_path) as ledger, _held(workspace, ledger, run_id):
+        # under the run's lock: the checkpoint is still the one found above
+        state = _checkpoint_state(workspace, run_id, at)
         summary = ledger.run_summary(run_id)
-        state = _checkpoint_state(workspace, run_id, step)
-        at = int(state["step"])
-        recipe = load_recipe(run_dir / "recipe.toml")
-        cfgs = chosen_tasks(recipe, tasks, run_id)
-        if limit is not None:
-            cfgs = [c.model_copy(update={"limit": limit}) for c in cfgs]
-        tokens = find_version(workspace, "tokens", summary["run"]["tokens_version"], verify=False)
-        store = TokenStore(tokens.path)
-        sets = resolve_tasks(cfgs, workspace, store, None)
-        names = [t.name for t in sets]
-        files = [task_record(t) for t in sets]
         with ledger.phase(
             run_id, EVAL_AFTER, step_start=at, snapshot_step=at, harness=harness, tasks=names
         ) as phase:
@@ -274,19 +275,24 @@ def evaluate_run(
     )
 
 
+def _refuse_live(workspace: Workspace, run: dict[str, Any]) -> None:
+    """A run that a live process trains is refused in one line."""
+    if run["status"] == "running" and not interrupted(workspace, run):
+        raise LedgerError(f"run {run['id']} is being trained: evaluate it once it has ended")
+
+
 @contextmanager
 def _held(workspace: Workspace, ledger: Ledger, run_id: str) -> Iterator[None]:
     """The run's lock held for the length of the block, so no process trains it
-    meanwhile; a run a live process trains is refused in one line."""
-    refused = LedgerError(f"run {run_id} is being trained: evaluate it once it has ended")
-    run = ledger.run_summary(run_id)["run"]
-    if run["status"] == "running" and not interrupted(workspace, run):
-        raise refused
+    meanwhile (one that started since it was last looked at is refused)."""
+    _refuse_live(workspace, ledger.run_summary(run_id)["run"])
     with ExitStack() as stack:
         try:
             stack.enter_context(run_lock(workspace.run_dir(run_id)))
         except LedgerError:
-            raise refused from None
+            raise LedgerError(
+                f"run {run_id} is being trained: evaluate it once it has ended"
+            ) from None
         yield
 
 

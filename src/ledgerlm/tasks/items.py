@@ -23,9 +23,10 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ledgerlm.config import TaskConfig
 
@@ -98,7 +99,7 @@ def _type(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _record(cfg: TaskConfig, raw: Any, line: int, fail) -> _Record:
+def _record(cfg: TaskConfig, raw: Any, line: int, fail: Callable[[str], NoReturn]) -> _Record:
     """One parsed line as a record of the task's kind; ``fail(reason)`` raises."""
     if not isinstance(raw, dict):
         fail(f"a record must be a JSON object, not {_type(raw)}")
@@ -144,7 +145,7 @@ def _records(cfg: TaskConfig, path: Path, data: bytes) -> list[_Record]:
         if not text.strip():
             continue
 
-        def fail(reason: str, number: int = number) -> None:
+        def fail(reason: str, number: int = number) -> NoReturn:
             raise TaskFileError(path, number, reason)
 
         try:

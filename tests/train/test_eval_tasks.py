@@ -1,7 +1,8 @@
 """Downstream tasks in the evaluator, on a tiny real model, tokenizer and task files: their
 metrics in every evaluation, scored on the snapshot the validation loss scored (the
 weights training ends on, the asynchronous copy), their seconds in the eval section's
-detail, and the confirmation rule reading them (a task target, its interval)."""
+detail, and the confirmation rule reading them (a task target, its interval); exact tasks
+refused under FSDP before a run starts."""
 
 from __future__ import annotations
 
@@ -12,12 +13,21 @@ import numpy as np
 import pytest
 import torch
 
-from ledgerlm.config import EvalConfig, ModelConfig, TaskConfig, TokenizerConfig, TrainConfig
+from ledgerlm.config import (
+    EvalConfig,
+    ModelConfig,
+    Recipe,
+    TaskConfig,
+    TokenizerConfig,
+    TrainConfig,
+)
+from ledgerlm.lab.skeleton import check_contract
 from ledgerlm.model.gpt import GPT
 from ledgerlm.tasks.items import load_task
 from ledgerlm.tasks.score import score_tasks
 from ledgerlm.tokens.packing import batches, pack_documents
 from ledgerlm.tokens.tokenizer import special_ids, train_tokenizer
+from ledgerlm.train.distributed import World
 from ledgerlm.train.evaluate import EvalCallback
 from ledgerlm.train.loop import Trainer
 from ledgerlm.train.optim import build_optimizer
@@ -187,3 +197,22 @@ def test_a_task_target_confirms_by_its_value_and_the_interval_refuses_it(
     _, by_interval, _ = _train(tokenizer, task_sets, steps=3, every=1, **interval)
     assert by_interval.history[0]["metrics"][metric] == m[metric]
     assert by_interval.reached_step != 1 and len(by_interval.history) > 1
+
+
+def test_exact_tasks_under_fsdp_are_refused_in_one_line_before_the_run(task_sets):
+    cfgs = [t.cfg.model_copy(update={"path": str(t.path)}) for t in task_sets]
+    recipe = Recipe.model_validate({"eval": {"tasks": [c.model_dump() for c in cfgs]}})
+    with pytest.raises(ValueError, match=r"eval\.tasks add: .*FSDP shards") as refused:
+        check_contract(recipe, World(rank=0, size=2, parallel="fsdp"))
+    assert "\n" not in str(refused.value)
+    check_contract(recipe, World(rank=0, size=2, parallel="ddp"))  # replicas decode
+    without_exact = [c for c in cfgs if c.task_kind != "exact"]
+    recipe = Recipe.model_validate({"eval": {"tasks": [c.model_dump() for c in without_exact]}})
+    check_contract(recipe, World(rank=0, size=2, parallel="fsdp"))  # log-likelihoods only
+
+
+def test_a_rank_without_the_items_cannot_score(tokenizer, task_sets):
+    pending = Tasks(None, tokenizer, 1, 2, SEQ, ROWS)
+    with pytest.raises(RuntimeError, match="not resolved"):
+        pending.shared(None)  # one process: nobody to get them from
+    assert _tasks(tokenizer, task_sets).shared(None).sets == task_sets

@@ -47,12 +47,13 @@ def unigram_entropy(val: Sequence[Batch]) -> float:
 @dataclass(frozen=True)
 class Share:
     """One rank's validation batches on the model's device (``placed``), kept there
-    for every evaluation of a run: the batches it scores, the forwards every rank runs
-    (``rounds``), and each token id's UTF-8 bytes and characters (``sizes``)."""
+    for every evaluation of a run: the batches it scores, the rounds every rank goes
+    through (``rounds``: the most batches a rank has), and each token id's UTF-8 bytes
+    and characters (``sizes``)."""
 
     mine: list[Batch]
     rounds: int
-    spare: Batch | None  # run, not scored, by a rank out of batches of its own
+    spare: Batch | None  # run, not scored, by a sharded rank out of batches of its own
     sizes: torch.Tensor | None  # (2, V) float64: bytes and characters per token id
 
 
@@ -66,9 +67,11 @@ def placed(
     to ``device`` once, through pinned host memory (on the CPU the batches themselves:
     the same path, nothing copied), with the token text's sizes.
 
-    A sharded model gathers its weights in every forward, so every rank then runs as
-    many forwards as the rank with the most batches: a rank short of them runs a spare
-    (its own first batch, or the set's) and scores nothing.
+    Under ``torchrun`` every rank goes through as many rounds as the rank with the
+    most batches, so an evaluation in pieces ends at the same update boundary on every
+    rank (its sums are then all-reduced). A sharded model gathers its weights in every
+    forward, so there a rank short of batches runs a spare (its own first batch, or the
+    set's) and scores nothing; a replica runs nothing in such a round.
     """
     world = world or World()
 
@@ -76,8 +79,8 @@ def placed(
         return b if device.type == "cpu" else b.to(device, pin=True)
 
     mine = [put(b) for b in val[world.rank :: world.size]]
-    rounds = -(-len(val) // world.size) if world.sharded else len(mine)
-    spare = (mine[0] if mine else put(val[0])) if rounds > len(mine) else None
+    rounds = -(-len(val) // world.size)
+    spare = (mine[0] if mine else put(val[0])) if world.sharded and rounds > len(mine) else None
     sizes = None
     if text is not None:
         sizes = torch.from_numpy(np.stack([text.bytes, text.chars])).to(device, torch.float64)
@@ -125,6 +128,8 @@ class Scoring:
         end = self.rounds if rounds is None else min(self.rounds, self.done + rounds)
         for i in range(self.done, end):
             b = mine[i] if i < len(mine) else self.share.spare
+            if b is None:  # a replica out of batches: no forward, no collective
+                continue
             mask = self.model.attention_spec(b.doc_ids, self.attention)
             losses = self.model(b.input_ids, b.position_ids, mask, targets=b.targets)
             if i >= len(mine):

@@ -228,3 +228,21 @@ def test_a_tasks_file_of_no_tables_is_one_line(tmp_path):
         ValueError, match=f"^{empty}: tasks.0: .*give path or builtin, exactly one$"
     ):
         read_tasks_file(empty)
+
+
+def test_a_bf16_run_is_scored_with_its_own_numerics(tmp_path):
+    """Under train.precision = "bf16" the loop scores its tasks under bf16 autocast; the
+    evaluation after the fact on the same snapshot does too, and gives its figures
+    (float32 forwards would not: they move every log-likelihood)."""
+    tree = load_recipe(TINY, [*BASE, 'train.precision="bf16"', "train.max_steps=4"]).to_dict()
+    tree["eval"]["tasks"] = [
+        {"name": k, "path": str(_write(tmp_path / f"{k}.jsonl", _records(k, 12, 3))), "kind": k}
+        for k in ("choice", "bpb")
+    ]
+    ws = Workspace(tmp_path / "ws")
+    run_id = run_recipe(recipe_from_dict(tree), ws).run_id
+    last = _summary(ws, run_id)["evaluations"][-1]
+    result = evaluate_run(ws, run_id)
+    assert result.snapshot == last["snapshot"]
+    loop = {k: v for k, v in last["metrics"].items() if k.startswith("task/")}
+    assert result.metrics == pytest.approx(loop, rel=1e-6, abs=1e-9, nan_ok=True)

@@ -4,7 +4,11 @@ per-item scores are summed over the ranks, so accuracies (choice, exact) are equ
 exactly; bits per byte to float rounding (each rank pads its own batches, so a row's
 forward may run at another length, which moves the float32 sums in their last bits).
 Asynchronous evaluation under torchrun (in pieces, the tasks at the last piece with the
-snapshot swapped in) gives the same figures again."""
+snapshot swapped in) gives the same figures again, with a validation set of an odd
+number of batches (5: one rank has one more than the other, and both still end each
+evaluation at the same update boundary). Under FSDP (sharded weights, every rank running
+as many forwards) the choice and bits-per-byte tasks score the same items on weights
+equal to one process's to the shards' rounding."""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from .tasks_ranks import tasks_recipe
 
 STEPS = ["--set", "train.max_steps=20", "--set", "train.threads=1", "--set", "eval.every_steps=10"]
 DDP = ["--set", "train.parallel=ddp"]  # replicas: bitwise the one-process weights
-ASYNC = ["--set", "eval.asynchronous=true"]
+ASYNC = ["--set", "eval.asynchronous=true", "--set", "eval.max_tokens=5120"]  # 5 batches
 EXACTLY = ("acc", "acc_norm", "exact_match", "items")  # and their intervals, stderr
 
 
@@ -28,9 +32,9 @@ def _show(ws) -> dict:
     return json.loads(ledgerlm("ledger", "show", "latest", "--workspace", str(ws), "--json").stdout)
 
 
-def _two_ranks(recipe, ws, *more: str) -> dict:
+def _two_ranks(recipe, ws, *more: str, engine: list[str] = DDP) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    cmd += ["-m", "ledgerlm", "run", str(recipe), "--workspace", str(ws), *STEPS, *DDP, *more]
+    cmd += ["-m", "ledgerlm", "run", str(recipe), "--workspace", str(ws), *STEPS, *engine, *more]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -55,11 +59,19 @@ def _same_tasks(got: dict, want: dict) -> None:
                 assert ta[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
 
 
-@pytest.mark.slow
-def test_two_ranks_score_the_tasks_as_one_process(tmp_path):
-    recipe, ws = tasks_recipe(tmp_path), tmp_path / "ws"
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The one-process run the two-rank runs are compared with: its folder and record."""
+    folder = tmp_path_factory.mktemp("tasks")
+    recipe, ws = tasks_recipe(folder), folder / "ws"
     ledgerlm("run", str(recipe), "--workspace", str(ws), *STEPS, "--set", "train.grad_accum=2")
-    one = _show(ws)
+    return folder, _show(ws)
+
+
+@pytest.mark.slow
+def test_two_ranks_score_the_tasks_as_one_process(one_process):
+    folder, one = one_process
+    recipe, ws = folder / "tasks.toml", folder / "ws"  # its versions reused
     two = _two_ranks(recipe, ws)
     assert two["run"]["id"] != one["run"]["id"]
     assert [e["step"] for e in one["evaluations"]] == [10, 20]
@@ -72,3 +84,18 @@ def test_two_ranks_score_the_tasks_as_one_process(tmp_path):
     later = _two_ranks(recipe, ws, *ASYNC)
     assert any(p["detail"].get("asynchronous") for p in later["phases"])
     _same_tasks(later, one)
+
+
+@pytest.mark.slow
+def test_sharded_ranks_score_the_likelihood_tasks(one_process, tmp_path):
+    folder, one = one_process
+    recipe = tasks_recipe(tmp_path, names=("pick", "prose"))  # exact: refused under FSDP
+    sharded = _two_ranks(recipe, folder / "ws", engine=["--set", "train.parallel=fsdp"])
+    assert [e["step"] for e in sharded["evaluations"]] == [10, 20]
+    for a, b in zip(sharded["evaluations"], one["evaluations"], strict=True):
+        ta, tb = _tasks(a), _tasks(b)
+        assert {k for k in tb if "/sums/" not in k} == ta.keys()
+        assert ta["task/pick/items"] == 24 and ta["task/prose/items"] == 16
+        for key in ("task/pick/acc", "task/pick/acc_norm"):
+            assert abs(ta[key] - tb[key]) <= 1 / 24 + 1e-12, key  # one item at most
+        assert ta["task/prose/bpb"] == pytest.approx(tb["task/prose/bpb"], rel=1e-4)

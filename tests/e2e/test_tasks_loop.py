@@ -1,7 +1,7 @@
 """``ledgerlm run`` of the tiny recipe with downstream tasks: every evaluation in the ledger
 holds their metrics, a task target confirms the run, the bill holds the tasks' seconds
 as their own row within eval, and a bad task file stops the run in one line before its
-ledger row."""
+ledger row; a resumed run scores them as the uninterrupted run."""
 
 from __future__ import annotations
 
@@ -10,8 +10,13 @@ import json
 
 import pytest
 
+from kill_at import KillAt, Killed
+from ledgerlm.config import load_recipe
+from ledgerlm.lab.resume import resume_run
+from ledgerlm.lab.run import run_recipe
 from ledgerlm.ledger.store import Ledger
 from ledgerlm.ledger.target import time_to_target
+from ledgerlm.workspace import Workspace
 
 from .conftest import ledgerlm
 from .tasks_ranks import tasks_recipe
@@ -75,3 +80,27 @@ def test_a_bad_task_file_stops_the_run_in_one_line_before_its_ledger_row(
     assert f"{bad}:3:" in line and "gold" in line
     with Ledger(ws / "ledger.db", read_only=True) as ledger:
         assert len(ledger.list_runs()) == before
+
+
+SHORT = ["train.max_steps=8", "eval.every_steps=4", "train.threads=1"]
+
+
+def test_a_resumed_run_scores_the_tasks_as_the_uninterrupted_run(tmp_path):
+    """Killed at step 6 (checkpointed at 4), resumed: the resumed process resolves the
+    tasks again (a second tasks event, the same files) and its evaluations hold the
+    task metrics the uninterrupted run's hold, at every step."""
+    recipe = tasks_recipe(tmp_path)
+    whole = run_recipe(load_recipe(recipe, SHORT), Workspace(tmp_path / "whole"))
+    ws = Workspace(tmp_path / "killed")
+    with pytest.raises(Killed):
+        killed = load_recipe(recipe, [*SHORT, "train.checkpoint_every=4"])
+        run_recipe(killed, ws, callbacks=[KillAt(6)])
+    resumed = resume_run(ws, "latest").summary
+    got, want = resumed["evaluations"], whole.summary["evaluations"]
+    assert [e["step"] for e in got] == [e["step"] for e in want] == [4, 8]
+    for a, b in zip(got, want, strict=True):
+        assert a["snapshot"] == b["snapshot"]
+        tasks = {k: v for k, v in b["metrics"].items() if k.startswith("task/")}
+        assert len(tasks) == 19 and {k: a["metrics"][k] for k in tasks} == tasks
+    found = [json.loads(e["message"]) for e in resumed["events"] if e["kind"] == "tasks"]
+    assert len(found) == 2 and found[0] == found[1]

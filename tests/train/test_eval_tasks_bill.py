@@ -74,3 +74,16 @@ def test_run_summary_bills_task_seconds_and_skips_the_after_the_fact_phase(tmp_p
     assert verdict["task_seconds"] == 0.75 + 0.5
     assert verdict["seconds"] == 10.0 + 2.0 + 1.0  # the after-the-fact 38 s not charged
     assert verdict["device_seconds"] == verdict["seconds"]
+
+
+def test_a_background_evaluation_charges_its_tasks_their_share_of_the_wait():
+    """Training waited 0.5 s for an evaluation that took 4 s in its thread, 3 s of
+    which were tasks: 0.375 s of the bill's eval seconds were the tasks'."""
+    phases = [
+        phase(1, "train", 10.0),
+        phase(2, "eval", 0.5, task_seconds={"qa": 2.0, "sum": 1.0}, eval_wall_seconds=4.0),
+        phase(3, "eval", 1.0, task_seconds={"qa": 0.25}),  # synchronous: all of it
+    ]
+    verdict = time_to_target(phases, [ev(5, 0.9, 3)], METRIC, 0.5)
+    assert verdict.task_seconds == 0.5 * 3.0 / 4.0 + 0.25
+    assert verdict.task_seconds <= verdict.by_phase["eval"]

@@ -192,14 +192,24 @@ def in_the_run(
 
 def task_seconds(bill: Sequence[Mapping[str, Any]]) -> float | None:
     """The seconds the downstream tasks took within the ``eval`` phases of ``bill`` (their
-    detail's ``task_seconds``, per task); None when none of them scored a task."""
-    spent = [
-        float(s)
-        for p in bill
-        if p["kind"] == "eval"
-        for s in ((p.get("detail") or {}).get("task_seconds") or {}).values()
-    ]
-    return sum(spent) if spent else None
+    detail's ``task_seconds``, per task); None when none of them scored a task.
+
+    An evaluation scored in a background thread (its detail's ``eval_wall_seconds``)
+    overlapped training: its phase holds only the time training waited for it, so its
+    tasks are charged their share of that wait (phase seconds x task seconds / the
+    evaluation's own wall seconds), never more than the phase itself."""
+    spent = None
+    for p in bill:
+        detail = p.get("detail") or {}
+        tasks = detail.get("task_seconds")
+        if p["kind"] != "eval" or not tasks:
+            continue
+        own = sum(float(s) for s in tasks.values())
+        wall = detail.get("eval_wall_seconds")
+        if wall is not None:  # asynchronous: the tasks' share of the wait
+            own = _phase_seconds(p) * min(1.0, own / float(wall)) if wall > 0 else 0.0
+        spent = (spent or 0.0) + own
+    return spent
 
 
 def time_to_target(

@@ -16,8 +16,10 @@ Per process (per rank under ``torchrun``), at the step's peak:
   the allocator's slack; with activation checkpointing, each block's input plus one
   block recomputed;
 - evaluation: one forward of the largest validation batch without gradients, whose
-  head is scored a chunk of rows at a time (fp32 logits of one chunk, as in the step);
-  it happens after an update, when
+  head is scored a chunk of rows at a time (fp32 logits of one chunk, as in the step),
+  or with an exact task the larger generation: its prefill of ``micro_batch_rows``
+  prompts up to ``seq_len`` tokens, whose KV cache and (B, T, V) logits (the decoder
+  returns every position's) are whole; it happens after an update, when
   the gradients are still held, so the peak is the larger of it and the step (both,
   and a copy of the weights, when evaluation is asynchronous);
 - other: the validation and test batches held in memory, bf16 copies of the weights
@@ -206,7 +208,8 @@ def _step(recipe: Recipe, vocab_size: int, world: World) -> int:
 
 
 def _evaluation(recipe: Recipe, vocab_size: int, world: World) -> tuple[int, int]:
-    """Bytes of one forward of the largest validation batch, and the validation rows."""
+    """Bytes of one forward of the largest validation batch (or of an exact task's
+    prefill, when larger), and the validation rows."""
     m, seq = recipe.model, recipe.pack.seq_len
     width = 2 if recipe.train.precision == "bf16" else 4
     val_rows = math.ceil(recipe.eval.max_tokens / seq) + 1
@@ -218,7 +221,13 @@ def _evaluation(recipe: Recipe, vocab_size: int, world: World) -> tuple[int, int
     chunk = min(max(chunk, 64 * 4 * vocab_size), 4 * rows * seq * vocab_size)
     head = chunk + (chunk * width // 4 if width < 4 else 0)
     block = rows * seq * (4 * 4 * m.d_model + 3 * width * ffn_hidden(m))
-    return round(ALLOCATOR_SLACK * (head + block)), val_rows
+    need = head + block
+    if any(t.task_kind == "exact" for t in recipe.eval.tasks):
+        n = recipe.train.micro_batch_rows * seq  # a prefill's prompts, at most
+        cache = 2 * m.n_layers * n * m.d_model * width  # every layer's keys and values
+        logits = width * n * vocab_size  # the head's output at every position
+        need = max(need, cache + logits + n * (4 * 4 * m.d_model + 3 * width * ffn_hidden(m)))
+    return round(ALLOCATOR_SLACK * need), val_rows
 
 
 def _cgroup_room(root: Path, own: str) -> int | None:

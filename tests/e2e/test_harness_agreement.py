@@ -20,7 +20,7 @@ import pytest
 
 from ledgerlm.config import TaskConfig
 from ledgerlm.lab.export import load_run_model
-from ledgerlm.lab.harness import run_harness
+from ledgerlm.lab.harness import HarnessError, run_harness
 from ledgerlm.model.export import export_hf
 from ledgerlm.tasks.encoding import encode, encode_pair
 from ledgerlm.tasks.items import load_task
@@ -109,3 +109,19 @@ def test_choice_acc_and_acc_norm_equal_the_harness_item_by_item(
     normed = [int(np.argmax(np.array(x) / n)) for x, n in zip(ll_ours, lengths, strict=True)]
     assert len(set(picks)) == 3 and picks != normed
     assert 0 < sum(ours.per_item["acc"]) < 50
+
+
+def test_a_harness_that_fails_is_one_line_with_its_error(tmp_path):
+    """No model where the harness is sent (and no network to find one): its error, not
+    a traceback, in one line."""
+    pytest.importorskip(
+        "lm_eval", reason="lm-evaluation-harness is not installed: pip install 'ledgerlm[lmeval]'"
+    )
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"context": "a", "choices": ["b", "c"], "gold": 0}) + "\n")
+    task = load_task(TaskConfig(name="t", path=str(path), kind="choice"), path)
+    with pytest.raises(HarnessError) as err:
+        run_harness(tmp_path / "no-model", [task], tmp_path / "work", seq_len=16)
+    line = str(err.value)
+    assert line.startswith("lm-evaluation-harness failed (exit 1): ") and "\n" not in line
+    assert "no-model" in line, line

@@ -25,8 +25,9 @@ folder, so nothing is downloaded or written elsewhere (the libraries read those
 settings when first imported, which a child guarantees), and its own output (progress
 bars, warnings) goes to a log file there. The model is the ``hf`` one on the CPU, in
 float32, with BOS added (every training document starts with it), its context the
-run's ``seq_len``. The child prints one JSON line per scored task (for progress) and
-writes every item's record (``log_samples``) to a file the parent reads back.
+run's ``seq_len``. The child prints one marked JSON line per scored task (for
+progress) and writes every item's record (``log_samples``) to a file the parent reads
+back.
 
 Each task's item scores become ``tasks.score.TaskResult``: the same per-item lists and
 the same metric keys (``tasks.stats``) as scoring in process, so the two can be
@@ -55,13 +56,14 @@ OFFLINE = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 LOG = "harness.log"
 SAMPLES = "samples.json"
 SPEC = "spec.json"
+DONE = "ledgerlm-harness-done "  # starts the child's line for a task scored
 # whitespace at either end of a generation and of its answer is ignored (stripped)
 STRIP = ["^\\s+", "\\s+$"]
 
 
-class HarnessError(RuntimeError):
-    """lm-evaluation-harness failed; the message is one line (its last words and where
-    its log is)."""
+class HarnessError(ValueError):
+    """lm-evaluation-harness failed; the message is one line, with the last line of its
+    log (a traceback's last line: the error)."""
 
 
 def harness_name(task: TaskSet) -> str:
@@ -201,9 +203,11 @@ def run_harness(
             text=True,
         )
         try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                done = json.loads(line)
+            for line in proc.stdout or ():
+                if not line.startswith(DONE):  # the harness's own printing: into the log
+                    log.write(line)
+                    continue
+                done = json.loads(line.removeprefix(DONE))
                 seconds[done["task"]] = float(done["seconds"])
                 bar.advance(1, info=done["task"].removeprefix(PREFIX))
             rc = proc.wait()
@@ -229,8 +233,8 @@ def parse_samples(task: TaskSet, samples: list[dict[str, Any]], seconds: float) 
     ordered = sorted(samples, key=lambda s: int(s["doc_id"]))
     if [int(s["doc_id"]) for s in ordered] != list(range(len(task.items))):
         raise HarnessError(
-            f"task {task.name}: the harness returned {len(ordered)} items, not the "
-            f"{len(task.items)} written"
+            f"task {task.name}: the harness's {len(ordered)} item records are not one for "
+            f"each of the {len(task.items)} items written"
         )
     prefix = f"task/{task.name}/"
     per_item: dict[str, list[Any]]
@@ -263,8 +267,9 @@ def parse_samples(task: TaskSet, samples: list[dict[str, Any]], seconds: float) 
 
 def child(spec_path: str) -> None:
     """The harness process: load the model once, score each task with
-    ``simple_evaluate`` (timed), print ``{"task", "seconds"}`` per task and write every
-    task's item records to the spec's ``out`` file."""
+    ``simple_evaluate`` (timed), print ``DONE {"task", "seconds"}`` per task (other
+    lines on stdout are the harness's, which the parent logs) and write every task's
+    item records to the spec's ``out`` file."""
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
@@ -292,5 +297,6 @@ def child(spec_path: str) -> None:
         if out is None or name not in out.get("samples", {}):
             raise RuntimeError(f"lm-evaluation-harness returned no item records for {name}")
         samples[name] = out["samples"][name]
-        print(json.dumps({"task": name, "seconds": time.perf_counter() - start}), flush=True)
+        done = {"task": name, "seconds": time.perf_counter() - start}
+        print(DONE + json.dumps(done), flush=True)
     Path(spec["out"]).write_text(json.dumps(samples, default=str), encoding="utf-8")

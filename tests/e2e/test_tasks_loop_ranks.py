@@ -87,10 +87,12 @@ def test_two_ranks_score_the_tasks_as_one_process(one_process):
 
 
 @pytest.mark.slow
-def test_sharded_ranks_score_the_likelihood_tasks(one_process, tmp_path):
+@pytest.mark.parametrize("more", [[], ASYNC], ids=["sync", "async"])
+def test_sharded_ranks_score_the_likelihood_tasks(one_process, tmp_path, more):
     folder, one = one_process
     recipe = tasks_recipe(tmp_path, names=("pick", "prose"))  # exact: refused under FSDP
-    sharded = _two_ranks(recipe, folder / "ws", engine=["--set", "train.parallel=fsdp"])
+    fsdp = ["--set", "train.parallel=fsdp"]
+    sharded = _two_ranks(recipe, folder / "ws", *more, engine=fsdp)
     assert [e["step"] for e in sharded["evaluations"]] == [10, 20]
     for a, b in zip(sharded["evaluations"], one["evaluations"], strict=True):
         ta, tb = _tasks(a), _tasks(b)

@@ -93,8 +93,9 @@ def test_a_ledger_rule_apart_from_the_trainer_s_is_caught(tmp_path, monkeypatch)
 
     real = target.meets
 
-    def strict(metrics, metric, threshold, targets=None):
-        return real(metrics, metric, threshold, targets) and metrics[metric] < threshold
+    def strict(metrics, metric, threshold, targets=None, confirm_by="threshold"):
+        ok = real(metrics, metric, threshold, targets, confirm_by)
+        return ok and metrics[metric] < threshold
 
     monkeypatch.setattr(target, "meets", strict)
     cfg = EvalConfig(target_loss=3.0, confirm=2)

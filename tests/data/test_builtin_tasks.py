@@ -116,13 +116,20 @@ def _functions(n: int) -> list[Function]:
         Function(
             f"doc{i % 5}",
             f"f{i}",
-            (f"def f{i}(x):", f"    y = x * {i}", "", f"    z = y - {i}", f"    return z + {i}"),
+            (
+                f"def f{i}(x):",
+                f"    y = x * {i}",
+                "",
+                f"    if y > {i}:",
+                f"        y = y - {i}",
+                f"    return y + {i}",
+            ),
         )
         for i in range(n)
     ]
 
 
-def test_code_next_line_gold_is_the_next_line_and_distractors_differ():
+def test_code_next_line_gold_is_the_next_line_and_distractors_are_indented_otherwise():
     fns = _functions(60)
     records = code_next_line_records(fns, items=40, pool=8)
     assert len(records) == 48
@@ -139,6 +146,7 @@ def test_code_next_line_gold_is_the_next_line_and_distractors_differ():
         others = [c for i, c in enumerate(r["choices"]) if i != r["gold"]]
         for c in others:
             assert c not in fn.lines  # lines of other functions (each function's are its own)
+            assert len(c) - len(c.lstrip()) != len(gold) - len(gold.lstrip())
             assert any(c in f.lines for f in fns if f is not fn)
     assert {r["gold"] for r in records} == {0, 1, 2, 3}  # shuffled
     assert code_next_line_records(fns, items=40, pool=8) == records

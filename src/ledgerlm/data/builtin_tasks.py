@@ -7,7 +7,8 @@ draws of the same distribution the model trained on.
 
 ``code-next-line`` (choice): a standard-library function of the data version's held-out
 splits (val, test; never train), cut after a few of its lines (seeded); the gold is its
-next non-blank line, the three others are lines of other held-out functions. The context
+next non-blank line, the three others are lines of other held-out functions indented
+otherwise (so each could not equally well come next). The context
 ends with a newline and the delimiter is empty, so (by the harness's rule) the newline
 moves into every continuation and each choice is a whole line as the file has it.
 
@@ -38,7 +39,7 @@ from ledgerlm.data.verify import iter_split
 
 # Bump when the records a task makes from the same data version change, so the
 # materialized files of earlier versions of these rules are made again.
-TASKS_FORMAT = 1
+TASKS_FORMAT = 2
 
 HELD_OUT = ("val", "test")
 # The few-shot pool ("split": "train" records) each task file holds before its scored items.
@@ -147,6 +148,10 @@ def _gold_lines(fn: Function) -> list[int]:
     return [j for j in range(1, min(len(fn.lines), MAX_CUT_LINE + 1)) if fn.lines[j].strip()]
 
 
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
 def code_next_line_records(
     functions: Iterable[Function],
     seed: int = 0,
@@ -158,7 +163,10 @@ def code_next_line_records(
     ``items`` scored ones. Functions are
     shuffled (seeded) first, so a ``limit`` takes a sample of every module, not the first
     files in name order. Distractors are non-blank lines of other functions whose
-    stripped text differs from the gold's and from each other's."""
+    stripped text differs from the gold's and from each other's, each indented other
+    than the gold: a statement at the gold's own depth could often follow as well as the
+    gold does (``x = 1`` for ``y = 2``), an item no model can get right, while a line at
+    another depth fits only where the function's blocks say it may."""
     usable = [fn for fn in functions if _gold_lines(fn)]
     rng = random.Random(f"task-code-next-line:{seed}")
     rng.shuffle(usable)
@@ -176,7 +184,7 @@ def code_next_line_records(
             if len(choices) > DISTRACTORS:
                 break
             other, line = rng.choice(elsewhere)
-            if other != k and line.strip() not in taken:
+            if other != k and line.strip() not in taken and _indent(line) != _indent(gold):
                 taken.add(line.strip())
                 choices.append(line)
         if len(choices) <= DISTRACTORS:

@@ -31,6 +31,10 @@ step "$BIN/ledgerlm" ledger show latest >/dev/null
 step "$BIN/ledgerlm" lessons
 step "$BIN/ledgerlm" report latest -o "$ROOT/report.html"
 test -s "$ROOT/report.html"
+# scoring a run after the fact in process needs no extra
+printf '{"context": "def f(x):", "choices": [" return x", " import"], "gold": 0}\n' >"$ROOT/choice.jsonl"
+printf '[[tasks]]\nname = "choice"\npath = "%s"\nkind = "choice"\n' "$ROOT/choice.jsonl" >"$ROOT/tasks.toml"
+step "$BIN/ledgerlm" eval latest --tasks "$ROOT/tasks.toml" >/dev/null
 
 runs() {
     "$BIN/python" -c 'import sqlite3, sys

@@ -79,7 +79,7 @@ def eval_run(
             progress=progress,
         )
     console.print(metrics_table(result))
-    how = "lm-evaluation-harness" if result.harness else "in process"
+    how = "by lm-evaluation-harness" if result.harness else "in process"
     console.print(
         f"run {escape(result.run_id)} at step {result.step} (snapshot {result.snapshot}), "
         f"scored {how} in {fmt_seconds(result.seconds)}: evaluation {result.evaluation_id} "

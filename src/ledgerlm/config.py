@@ -766,6 +766,8 @@ TASK_METRICS: dict[str, tuple[str, ...]] = {
     "bpb": ("bpb",),
 }
 BUILTIN_TASKS: dict[str, str] = {"arith": "exact", "code-next-line": "choice"}
+# A built-in task's records may also be scored as bits per byte of their answer.
+BUILTIN_ALSO: dict[str, tuple[str, ...]] = {"arith": ("bpb",), "code-next-line": ()}
 _TASK_METRIC = re.compile(r"task/([^/\s]+)/([^/\s]+)")
 
 
@@ -776,12 +778,15 @@ class TaskConfig(_Section):
 
     name: str = Field(description="The task's name in metric keys (a slug).")
     path: str | None = Field(
-        None, description="A local JSONL file of records (relative to the recipe's folder)."
+        None,
+        description="A local JSONL file of records (relative to the current directory, as "
+        "data.sources are).",
     )
     builtin: Literal["arith", "code-next-line"] | None = Field(
         None,
-        description="A built-in task instead of path: arith (exact) or code-next-line "
-        "(choice), made from held-out material of the built-in corpus.",
+        description="A built-in task instead of path: arith (exact, or bpb of its "
+        "answers) or code-next-line (choice), made from held-out material of the built-in "
+        "corpus.",
     )
     kind: Literal["choice", "exact", "bpb"] | None = Field(
         None,
@@ -828,11 +833,13 @@ class TaskConfig(_Section):
     def _one_source(self) -> TaskConfig:
         if (self.path is None) == (self.builtin is None):
             raise ValueError(f"task {self.name!r}: give path or builtin, exactly one")
-        if self.builtin is not None and self.kind not in (None, BUILTIN_TASKS[self.builtin]):
-            raise ValueError(
-                f"task {self.name!r}: builtin {self.builtin} is of kind "
-                f"{BUILTIN_TASKS[self.builtin]}, not {self.kind}"
-            )
+        if self.builtin is not None:
+            kinds = (BUILTIN_TASKS[self.builtin], *BUILTIN_ALSO[self.builtin])
+            if self.kind not in (None, *kinds):
+                raise ValueError(
+                    f"task {self.name!r}: builtin {self.builtin} is of kind "
+                    f"{' or '.join(kinds)}, not {self.kind}"
+                )
         if self.builtin is None and self.kind is None:
             raise ValueError(f"task {self.name!r}: a task file needs its kind")
         return self
@@ -1252,11 +1259,17 @@ def settings_in_effect(tree: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
 def recipe_to_toml(recipe: Recipe) -> str:
     """Render a resolved recipe as TOML (sections of scalars and arrays only), a setting
     nothing reads marked with a comment (``target_loss = 4.0  # unused: target_bpb is
     set``, from ``Recipe.unused_settings``)."""
     unused = recipe.unused_settings()
+
+    def key_of(k: str) -> str:  # task/<name>/<metric> is not a bare TOML key
+        return k if _BARE_KEY.fullmatch(k) else json.dumps(k)
 
     def note(key: str) -> str:
         return f"  # unused: {unused[key]}" if key in unused else ""
@@ -1270,7 +1283,9 @@ def recipe_to_toml(recipe: Recipe) -> str:
             return "[" + ", ".join(scalar(x) for x in v) + "]"
         if isinstance(v, dict):  # an inline table; TOML has no null, so None is left out
             return (
-                "{" + ", ".join(f"{k} = {scalar(x)}" for k, x in v.items() if x is not None) + "}"
+                "{"
+                + ", ".join(f"{key_of(k)} = {scalar(x)}" for k, x in v.items() if x is not None)
+                + "}"
             )
         return repr(v)
 
@@ -1282,9 +1297,9 @@ def recipe_to_toml(recipe: Recipe) -> str:
         if prefix:
             lines.append(f"\n[{prefix}]{note(prefix)}")
         dotted = f"{prefix}." if prefix else ""
-        lines.extend(f"{k} = {scalar(v)}{note(dotted + k)}" for k, v in flat.items())
+        lines.extend(f"{key_of(k)} = {scalar(v)}{note(dotted + k)}" for k, v in flat.items())
         for k, v in nested.items():
-            section(f"{prefix}.{k}" if prefix else k, v)
+            section(f"{prefix}.{key_of(k)}" if prefix else key_of(k), v)
 
     section("", recipe.to_dict())
     return "\n".join(lines).lstrip() + "\n"

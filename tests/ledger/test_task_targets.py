@@ -42,7 +42,7 @@ def test_a_task_metric_is_the_target_with_its_threshold_from_targets():
         ({"tasks": [{"name": "x", "path": "x.jsonl", "builtin": "arith"}]}, "exactly one"),
         (
             {"tasks": [{"name": "x", "builtin": "arith", "kind": "choice"}]},
-            "is of kind exact, not choice",
+            "is of kind exact or bpb, not choice",
         ),
         ({"tasks": [{"name": "a b", "builtin": "arith"}]}, "task name"),
         (

@@ -33,6 +33,7 @@ from ledgerlm.cli.render import (
     print_searches,
     target_contract_line,
     target_line,
+    task_tables,
     test_line,
 )
 from ledgerlm.cli.ui import (
@@ -108,6 +109,8 @@ def _print_result(result: RunResult) -> None:
     console.print(mixture_table(realised(s)))
     console.print()
     console.print(evaluations_table(s, limit=8))
+    for table in task_tables(s, limit=8):  # the downstream tasks' curves
+        console.print(table)
     console.print()
     console.print(phase_table(s))
     print_searches(s)  # the searches the recipe was chosen by, on its bill

@@ -113,7 +113,7 @@ def _num(value: float | None, fmt: str = ".3g") -> str:
 
 def share(cfg: dict[str, Any], work: Path) -> dict[str, Any]:
     """The run to its target and where its time-to-target went."""
-    from ledgerlm.ledger.compare import task_seconds
+    from ledgerlm.ledger.compare_tasks import task_seconds
 
     wall = ledgerlm(["run", str(cfg["recipe"]), *sets(cfg["sets"])], work)
     s = summary_of(work)

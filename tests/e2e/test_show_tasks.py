@@ -14,7 +14,7 @@ import pytest
 from e2e.test_tables_80 import MODES, WIDTH, ledgerlm_at, readable
 from ledgerlm.cli.ui import fmt_seconds
 from ledgerlm.ledger import Ledger
-from ledgerlm.ledger.compare import pm, task_metric_names
+from ledgerlm.ledger.compare_tasks import pm, task_metric_names
 from report.task_ledger import EVAL_SECONDS, accuracy, bits, task_run
 
 TASKS = ("arith", "code-next-line", "qa-long-name", "story", "syllogisms")

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from ledgerlm.ledger import Ledger
-from ledgerlm.ledger.compare import (
-    compare_runs,
+from ledgerlm.ledger.compare import compare_runs
+from ledgerlm.ledger.compare_tasks import (
+    final_metric_values,
     final_metrics,
     is_task_metric,
     pm,
@@ -134,3 +135,16 @@ def test_seed_groups_hold_mean_and_sample_std_of_each_final_metric(ledger: Ledge
     assert rows["task/qa/acc"]["std"] == pytest.approx(0.04)
     assert (rows["task/qa/acc"]["min"], rows["task/qa/acc"]["max"]) == pytest.approx((0.4, 0.48))
     assert groups[1]["final_metrics"][1]["std"] is None  # one run: no spread
+
+
+def test_a_final_metric_is_spread_over_the_runs_that_measured_it() -> None:
+    figures = [
+        {"final_metrics": {"loss": {"value": 1.0}, "task/qa/acc": {"value": 0.4}}},
+        {"final_metrics": {"loss": {"value": 1.2}}},
+        {"final_metrics": {"task/story/bpb": {"value": 1.9}, "task/qa/acc": {"value": 0.5}}},
+    ]
+    assert final_metric_values(figures) == {
+        "loss": [1.0, 1.2],
+        "task/qa/acc": [0.4, 0.5],
+        "task/story/bpb": [1.9],
+    }

@@ -14,7 +14,7 @@ from cli_runner import TINY
 from ledgerlm.config import load_recipe
 from ledgerlm.ledger import Ledger
 from ledgerlm.ledger.clock import PhaseClock
-from ledgerlm.ledger.compare import after_the_fact
+from ledgerlm.ledger.compare_tasks import after_the_fact
 from ledgerlm.report.mllog import check_mllog, export_mllog
 from report.task_ledger import accuracy
 

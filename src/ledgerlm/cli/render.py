@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from ledgerlm.cli.table import FitTable
 from ledgerlm.cli.ui import console, fmt_g, fmt_seconds
-from ledgerlm.ledger.compare import after_the_fact, pm, task_metric_names, task_seconds
+from ledgerlm.ledger.compare_tasks import after_the_fact, pm, task_metric_names, task_seconds
 from ledgerlm.ledger.events import (
     CONTINUED_PRETRAINING,
     EARLY_STOP,

@@ -18,19 +18,28 @@ and on hand-built summaries in tests. Three questions are kept separate:
   (``data.test_fraction``); without one the output says the final figure was not
   measured instead of pretending otherwise. Validation and test are set side by side,
   with a warning when the run chosen on validation is not the best on test.
+
+What each run's downstream tasks measured (its final task metrics, the line naming a
+task that did not improve when the validation loss did) is ``ledger.compare_tasks``'.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ledgerlm.ledger.compare_tasks import (
+    final_metric_values,
+    final_metrics,
+    task_check,
+    task_seconds,
+    val_metric,
+)
 from ledgerlm.ledger.events import TEST_EVALUATION
-from ledgerlm.ledger.target import EVAL_AFTER, higher_is_better
+from ledgerlm.ledger.target import finite
 
 RULE = (
     "time-to-target = wall time of all phases up to the evaluation that confirms the "
@@ -59,14 +68,6 @@ NO_TEST = "final figure: not measured (no test set evaluation)"
 SHARE_KINDS = ("prep", "tokenize", "eval", "checkpoint")
 # Metric names that denote a held-out test split, e.g. "test", "test_loss", "test/loss".
 _TEST_METRIC = re.compile(r"^test($|[/_.:-])")
-
-
-def finite(value: Any) -> float | None:
-    """``value`` as a float when it is a finite number (not a bool), else ``None``: how a
-    ledger value that failed to compute (null, NaN, inf) reads."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def train_step_seconds(summary: Mapping[str, Any]) -> tuple[float | None, int | None]:
@@ -237,130 +238,6 @@ def final_domain_losses(summary: Mapping[str, Any]) -> dict[str, float | None]:
     return {k.split("/", 1)[1]: finite(v) for k, v in sorted(last.items()) if k.startswith("loss/")}
 
 
-# ---------------------------------------------------------------------------- tasks
-
-
-def is_task_metric(key: str) -> bool:
-    """Whether ``key`` is a task metric's value, ``task/<name>/<metric>``: not its
-    ``_stderr``, ``_low``, ``_high`` nor the task's ``items``."""
-    from ledgerlm.config import TASK_METRICS  # pydantic: not at the command line's start
-
-    parts = key.split("/")
-    return (
-        len(parts) == 3
-        and parts[0] == "task"
-        and any(parts[2] in metrics for metrics in TASK_METRICS.values())
-    )
-
-
-def task_metric_names(evaluations: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The task metrics the evaluations hold, in the order first seen (the recipe's)."""
-    found = {k: None for ev in evaluations for k in ev.get("metrics") or {} if is_task_metric(k)}
-    return list(found)
-
-
-def after_the_fact(summary: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
-    """The evaluations written after the fact (bound to an ``eval_after`` phase): each
-    one's id with its phase's detail (``snapshot_step``, ``harness``, ``task_seconds``)."""
-    later = {p["id"]: p for p in summary.get("phases", []) if p.get("kind") == EVAL_AFTER}
-    return {
-        ev["id"]: dict(later[ev["phase_id"]].get("detail") or {})
-        for ev in summary.get("evaluations", [])
-        if ev.get("phase_id") in later
-    }
-
-
-def task_seconds(summary: Mapping[str, Any], kind: str = "eval") -> dict[str, float]:
-    """Seconds spent scoring each task over the run's phases of ``kind`` (the detail's
-    ``task_seconds`` of each evaluation phase), by task name."""
-    out: dict[str, float] = {}
-    for phase in summary.get("phases", []):
-        if phase.get("kind") != kind:
-            continue
-        for name, seconds in ((phase.get("detail") or {}).get("task_seconds") or {}).items():
-            if (value := finite(seconds)) is not None:
-                out[name] = out.get(name, 0.0) + value
-    return out
-
-
-def val_metric(summary: Mapping[str, Any]) -> str:
-    """The run's validation measure: its target metric, or the loss when the target is a
-    task metric."""
-    metric = str(summary["run"].get("target_metric") or "loss")
-    return "loss" if metric.startswith("task/") else metric
-
-
-def final_metrics(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The validation measure and every task metric at the run's last evaluation that
-    measured each (an evaluation after the fact counts: it scored the run's weights):
-    ``{metric: {"value", "stderr", "step"}}``, the validation measure first."""
-    evaluations = sorted(summary.get("evaluations") or [], key=lambda ev: (ev["step"], ev["id"]))
-    out: dict[str, dict[str, Any]] = {}
-    for key in [val_metric(summary), *task_metric_names(evaluations)]:
-        for ev in reversed(evaluations):
-            metrics = ev.get("metrics") or {}
-            if (value := finite(metrics.get(key))) is not None:
-                stderr = finite(metrics.get(f"{key}_stderr"))
-                out[key] = {"value": value, "stderr": stderr, "step": ev["step"]}
-                break
-    return out
-
-
-def pm(value: float | None, stderr: float | None) -> str:
-    """``0.62±0.07``: a value to the decimal of its standard error's first digit (two
-    decimals at least, five at most), ``-`` when unknown."""
-    if value is None:
-        return "-"
-    if stderr is None:
-        return f"{value:.4f}"
-    digits = 2 if stderr <= 0 else min(5, max(2, -math.floor(math.log10(stderr))))
-    return f"{value:.{digits}f}±{stderr:.{digits}f}"
-
-
-def _better(metric: str, new: float, old: float) -> bool:
-    return new > old if higher_is_better(metric) else new < old
-
-
-def task_check(base: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:
-    """Whether ``other``'s validation measure improved on the baseline's (lower) while a
-    task metric did not (by its direction), from each run's ``final_metrics``.
-
-    ``line`` says so in one line with both figures and their standard errors; ``None``
-    when the validation measure did not improve or every task metric did too."""
-    metric = base["val_metric"]
-    a, b = (f["final_metrics"].get(metric) for f in (base, other))
-    out: dict[str, Any] = {"metric": metric, "improved": None, "tasks": [], "line": None}
-    if a is None or b is None:
-        return out
-    out["improved"] = b["value"] < a["value"]
-    for key in base["final_metrics"]:
-        x, y = base["final_metrics"][key], other["final_metrics"].get(key)
-        if key == metric or y is None:
-            continue
-        out["tasks"].append(
-            {
-                "metric": key,
-                "baseline": x["value"],
-                "baseline_stderr": x["stderr"],
-                "run": y["value"],
-                "run_stderr": y["stderr"],
-                "improved": _better(key, y["value"], x["value"]),
-            }
-        )
-    worse = [t for t in out["tasks"] if not t["improved"]]
-    if out["improved"] and worse:
-        cells = "; ".join(
-            f"{t['metric']} {pm(t['run'], t['run_stderr'])} vs "
-            f"{pm(t['baseline'], t['baseline_stderr'])}"
-            for t in worse
-        )
-        out["line"] = (
-            f"{other['id']}: val {metric} improved ({b['value']:.4f} vs {a['value']:.4f}, "
-            f"baseline) but not {cells} (run vs baseline, ±stderr)"
-        )
-    return out
-
-
 def domain_deltas(base: Mapping[str, Any], other: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per domain of either run: the final validation loss of the baseline and of the
     other run, and the change (negative: the other run is better on that domain)."""
@@ -416,9 +293,8 @@ def seed_groups(
                 [f["train_step_seconds"] for f in figs if f["train_step_seconds"] is not None]
             ),
             final_metrics=[
-                {"metric": key, **spread([f["final_metrics"][key]["value"] for f in have])}
-                for key in dict.fromkeys(k for f in figs for k in f["final_metrics"])
-                if (have := [f for f in figs if key in f["final_metrics"]])
+                {"metric": key, **spread(values)}
+                for key, values in final_metric_values(figs).items()
             ],
         )
         out.append(g)

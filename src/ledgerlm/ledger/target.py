@@ -108,10 +108,11 @@ def target_key(key: str) -> str:
     return key if "/" in key else f"loss/{key}"
 
 
-def _number(metrics: Mapping[str, Any], name: str) -> float | None:
-    # A missing, non-numeric or non-finite value is a failed measurement, not a success:
-    # NaN compares False anyway, but -inf would otherwise "beat" any threshold.
-    value = metrics.get(name)
+def finite(value: Any) -> float | None:
+    """``value`` as a float when it is a finite number (not a bool), else ``None``: how a
+    ledger value that failed to compute (null, NaN, inf) reads. For a target that is a
+    failed measurement, not a success: NaN compares False anyway, but -inf would
+    otherwise "beat" any threshold."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value) if math.isfinite(value) else None
@@ -127,7 +128,7 @@ def holds(
     up = higher_is_better(name)
     if confirm_by == "interval" and name.startswith("task/"):
         name = f"{name}_low" if up else f"{name}_high"
-    value = _number(metrics, name)
+    value = finite(metrics.get(name))
     if value is None:
         return False
     return value >= threshold if up else value <= threshold

@@ -54,7 +54,7 @@ from typing import Any, Literal
 
 from ledgerlm.config import PackConfig, TrainConfig
 from ledgerlm.extras import require
-from ledgerlm.ledger.compare import after_the_fact
+from ledgerlm.ledger.compare_tasks import after_the_fact
 from ledgerlm.ledger.events import target_contract
 from ledgerlm.ledger.target import higher_is_better
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ledgerlm.ledger.compare import after_the_fact, finite, task_metric_names
+from ledgerlm.ledger.compare import finite
+from ledgerlm.ledger.compare_tasks import after_the_fact, task_metric_names
 from ledgerlm.ledger.target import higher_is_better, target_key
 from ledgerlm.report.plots import axis, figure, layout, lines, run_color, run_dash, t
 from ledgerlm.report.run.figures import BPB_UNIT, run_meta, sig, x_values

@@ -5,7 +5,9 @@ with that share beside it."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def cpu_jiffies() -> tuple[int, int] | None:
@@ -34,3 +36,21 @@ def foreign_load(start: tuple[int, int] | None, own_start: float) -> float | Non
     hz = os.sysconf("SC_CLK_TCK")
     own = (own_cpu() - own_start) * hz
     return max(0.0, (end[0] - start[0] - own) / (end[1] - start[1]))
+
+
+def load() -> str:
+    """The load average and the cores, as one line to print beside a figure."""
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min) {five:.2f} (5 min), {os.cpu_count()} cores"
+
+
+def measured(section: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """The figures ``section(*args)`` returns, with the share of the CPU other processes used
+    while it ran (``other_load``) and the load after it (``load_after``), both printed."""
+    start, own = cpu_jiffies(), own_cpu()
+    out = section(*args)
+    out["other_load"] = foreign_load(start, own)
+    out["load_after"] = load()
+    share = "-" if out["other_load"] is None else f"{out['other_load']:.1%}"
+    print(f"  other processes' CPU share {share}; {out['load_after']}")
+    return out

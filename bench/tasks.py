@@ -38,16 +38,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from machine_load import cpu_jiffies, foreign_load, own_cpu
+from commands import ROOT, ledgerlm, sets
+from machine_load import load, measured
 
-ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("share", "speed", "agreement")
 GOAL_SHARE = 0.10
 KINDS = ("choice", "exact")  # what --harness is measured against; bpb is loglikelihood
@@ -72,32 +70,11 @@ def settings(quick: bool) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- commands
 
 
-def ledgerlm(args: list[str], workspace: Path) -> float:
-    """Run ``ledgerlm ARGS -w WORKSPACE`` as a fresh process; its wall seconds."""
-    cmd = [sys.executable, "-m", "ledgerlm", *args, "-w", str(workspace)]
-    env = {**os.environ, "LEDGERLM_PROGRESS_SECONDS": "0"}
-    start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if done.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return wall
-
-
-def sets(values: list[str]) -> list[str]:
-    return [arg for value in values for arg in ("--set", value)]
-
-
 def summary_of(workspace: Path, run: str = "latest") -> dict[str, Any]:
     from ledgerlm.ledger.store import Ledger
 
     with Ledger(workspace / "ledger.db", read_only=True) as ledger:
         return ledger.run_summary(ledger.resolve_run(run))
-
-
-def load() -> str:
-    one, five, _ = os.getloadavg()
-    return f"load average {one:.2f} (1 min) {five:.2f} (5 min), {os.cpu_count()} cores"
 
 
 def _pct(value: float | None) -> str:
@@ -302,16 +279,12 @@ def main() -> None:
         run = args.run
         for name in args.only or SECTIONS:
             print(f"{name}:", flush=True)
-            start, own = cpu_jiffies(), own_cpu()
             if name == "share":
-                out = share(cfg, work)
+                out = measured(share, cfg, work)
                 run = run or out["run"]
             else:
                 run = run or summary_of(work)["run"]["id"]
-                out = speed(work, run) if name == "speed" else agreement(work, run)
-            out["other_load"] = foreign_load(start, own)
-            out["load_after"] = load()
-            print(f"  other processes' CPU share {_pct(out['other_load'])}; {load()}")
+                out = measured(speed if name == "speed" else agreement, work, run)
             result[name] = out
     if args.json:
         print(json.dumps(result, indent=2, default=str))

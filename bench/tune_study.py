@@ -42,16 +42,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from machine_load import cpu_jiffies, foreign_load, own_cpu
+from commands import ROOT, ledgerlm, sets
+from machine_load import load, measured
 
-ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("pruning", "overhead", "workers")
 GOAL_SAVED, GOAL_BEST, GOAL_OVERHEAD = 0.40, 0.05, 0.03
 
@@ -90,22 +88,6 @@ def settings(quick: bool) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- commands
-
-
-def ledgerlm(args: list[str], workspace: Path) -> float:
-    """Run ``ledgerlm ARGS -w WORKSPACE`` as a fresh process; its wall seconds."""
-    cmd = [sys.executable, "-m", "ledgerlm", *args, "-w", str(workspace)]
-    env = {**os.environ, "LEDGERLM_PROGRESS_SECONDS": "0"}
-    start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if done.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return wall
-
-
-def sets(values: list[str]) -> list[str]:
-    return [arg for value in values for arg in ("--set", value)]
 
 
 def warm(recipe: Path, workspace: Path, extra: list[str]) -> None:
@@ -154,11 +136,6 @@ def latest_run(workspace: Path) -> dict[str, Any]:
 
     with Ledger(workspace / "ledger.db") as ledger:
         return ledger.run_summary(ledger.list_runs()[0]["id"])
-
-
-def load() -> str:
-    one, five, _ = os.getloadavg()
-    return f"load average {one:.2f} (1 min) {five:.2f} (5 min), {os.cpu_count()} cores"
 
 
 # ----------------------------------------------------------------------------- sections
@@ -313,15 +290,11 @@ def main() -> None:
         root = args.workspace or Path(tmp)
         for name in args.only or SECTIONS:
             print(f"{name}:", flush=True)
-            start, own = cpu_jiffies(), own_cpu()
             work = root / name
             if name == "workers":
-                out = workers(cfg[name], args.seed, work, args.ray)
+                out = measured(workers, cfg[name], args.seed, work, args.ray)
             else:
-                out = globals()[name](cfg[name], args.seed, work)
-            out["other_load"] = foreign_load(start, own)
-            out["load_after"] = load()
-            print(f"  other processes' CPU share {_pct(out['other_load'])}; {load()}")
+                out = measured(globals()[name], cfg[name], args.seed, work)
             result[name] = out
     if args.json:
         print(json.dumps(result, indent=2, default=str))

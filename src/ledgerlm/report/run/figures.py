@@ -131,6 +131,27 @@ def _eval_trace(
     }
 
 
+def target_lines(thresholds: Sequence[float], name: str = "target") -> list[dict[str, Any]]:
+    """A dashed line across the plot at each threshold, each with its legend entry
+    (``name`` and the value): a label on the line itself would sit outside the plot
+    (and under the buttons) when the line is at the edge of the y range."""
+    return [
+        {
+            "type": "line",
+            "xref": "paper",
+            "x0": 0,
+            "x1": 1,
+            "yref": "y",
+            "y0": v,
+            "y1": v,
+            "line": {"color": "#000", "width": 1.5, "dash": "dash"},
+            "name": f"{name} {v:g}",
+            "showlegend": True,
+        }
+        for v in thresholds
+    ]
+
+
 def x_values(s: Mapping[str, Any], x: str) -> list[float | None]:
     if x == "seconds":
         return eval_seconds(s)
@@ -186,24 +207,7 @@ def validation_figure(
                     "meta": run_meta(s, "confirm"),
                 }
             )
-    thresholds = sorted({float(summaries[i]["run"]["target_value"]) for i in runs})
-    # A legend entry names each line: a label on the line itself would sit outside the
-    # plot (and under the buttons) when the line is at the edge of the y range.
-    shapes = [
-        {
-            "type": "line",
-            "xref": "paper",
-            "x0": 0,
-            "x1": 1,
-            "yref": "y",
-            "y0": v,
-            "y1": v,
-            "line": {"color": "#000", "width": 1.5, "dash": "dash"},
-            "name": f"target {v:g}",
-            "showlegend": True,
-        }
-        for v in thresholds
-    ]
+    shapes = target_lines(sorted({float(summaries[i]["run"]["target_value"]) for i in runs}))
     return figure(
         data,
         layout(

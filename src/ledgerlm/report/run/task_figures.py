@@ -11,7 +11,7 @@ from ledgerlm.ledger.compare import finite
 from ledgerlm.ledger.compare_tasks import after_the_fact, task_metric_names
 from ledgerlm.ledger.target import higher_is_better, target_key
 from ledgerlm.report.plots import axis, figure, layout, lines, run_color, run_dash, t
-from ledgerlm.report.run.figures import BPB_UNIT, run_meta, sig, x_values
+from ledgerlm.report.run.figures import BPB_UNIT, run_meta, sig, target_lines, x_values
 
 SHARE_OF_ITEMS = "fraction of items"  # the unit of an accuracy
 
@@ -120,21 +120,7 @@ def task_figure(
                 data.append(trace)
     sign = ">=" if higher_is_better(metric) else "<="
     thresholds = sorted({v for s in summaries for k, v in task_threshold(s).items() if k == metric})
-    shapes = [
-        {
-            "type": "line",
-            "xref": "paper",
-            "x0": 0,
-            "x1": 1,
-            "yref": "y",
-            "y0": v,
-            "y1": v,
-            "line": {"color": "#000", "width": 1.5, "dash": "dash"},
-            "name": f"target {sign} {v:g}",
-            "showlegend": True,
-        }
-        for v in thresholds
-    ]
+    shapes = target_lines(thresholds, f"target {sign}")
     return figure(
         data,
         layout(axis(x_title, rangemode="tozero"), axis(t(task_title(metric))), shapes=shapes),

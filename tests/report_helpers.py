@@ -7,6 +7,8 @@ import json
 import re
 import shutil
 import time
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -102,6 +104,25 @@ def headless_chromium():
         {"source": "window.__alerts = []; window.alert = m => window.__alerts.push(String(m));"},
     )
     return driver
+
+
+def drawn_cleanly(page: str, names: Mapping[str, Any], folder: Path, width: int) -> list[dict]:
+    """``page`` written to ``folder`` and drawn in a headless Chromium window ``width``
+    px wide: every figure ``names`` holds (a page's ``figures``) drawn, in its order,
+    and nothing overlapping another or leaving its figure (``layout_faults``). The
+    figures as drawn, for what a test checks besides."""
+    path = folder / "report.html"
+    path.write_text(page, encoding="utf-8")
+    driver = headless_chromium()
+    try:
+        driver.set_window_size(width, 1000)
+        driver.get(path.as_uri())
+        drawn = drawn_figures(driver, len(names))
+        assert [d["name"] for d in drawn] == list(names)
+        assert layout_faults(driver) == []
+        return drawn
+    finally:
+        driver.quit()
 
 
 def console_errors(driver) -> list[dict]:

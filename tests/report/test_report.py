@@ -35,12 +35,12 @@ from report_helpers import (
     alerts,
     axis_titles,
     console_errors,
+    drawn_cleanly,
     drawn_figures,
     figure_blocks,
     figures,
     has_unit,
     headless_chromium,
-    layout_faults,
     plotlyjs,
     traces,
     wait_for,
@@ -605,21 +605,11 @@ def test_nothing_overlaps_or_is_cut(page: str, specs, summaries, tmp_path, width
     """Four runs with long legend labels and run ids (one a script): at a 400 px window
     as at 1,400, no legend entry, button, toolbar, axis title or tick label overlaps
     another or leaves its figure."""
-    path = tmp_path / "report.html"
-    path.write_text(page, encoding="utf-8")
-    driver = headless_chromium()
-    try:
-        driver.set_window_size(width, 1000)
-        driver.get(path.as_uri())
-        drawn = drawn_figures(driver, len(specs))
-        assert [d["name"] for d in drawn] == list(specs)
-        assert layout_faults(driver) == []
-        # every entry is drawn: the run labels, the target line, the phases and marks
-        legend = {d["name"]: d["legend"] for d in drawn}
-        assert len(legend["val-tokens"]) == len(summaries) + 1
-        assert legend["phases"][-2:] == ["time to target", "target not reached"]
-    finally:
-        driver.quit()
+    drawn = drawn_cleanly(page, specs, tmp_path, width)
+    # every entry is drawn: the run labels, the target line, the phases and marks
+    legend = {d["name"]: d["legend"] for d in drawn}
+    assert len(legend["val-tokens"]) == len(summaries) + 1
+    assert legend["phases"][-2:] == ["time to target", "target not reached"]
 
 
 def test_a_sweep_keeps_every_legend_entry(tmp_path) -> None:
@@ -635,17 +625,8 @@ def test_a_sweep_keeps_every_legend_entry(tmp_path) -> None:
             for i, r in enumerate(recipes)
         ]
         sweep = render_report([led.run_summary(r) for r in ids])
-    path = tmp_path / "report.html"
-    path.write_text(sweep, encoding="utf-8")
-    driver = headless_chromium()
-    try:
-        driver.set_window_size(400, 1000)
-        driver.get(path.as_uri())
-        drawn = drawn_figures(driver, len(figures(sweep)))
-        assert [len(d["legend"]) for d in drawn][:3] == [12 + 1] * 3  # and the target
-        assert layout_faults(driver) == []
-    finally:
-        driver.quit()
+    drawn = drawn_cleanly(sweep, figures(sweep), tmp_path, 400)
+    assert [len(d["legend"]) for d in drawn][:3] == [12 + 1] * 3  # and the target
 
 
 def squash(text: str) -> str:

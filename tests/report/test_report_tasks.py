@@ -16,12 +16,10 @@ from ledgerlm.report.run.series import eval_seconds
 from report.task_ledger import accuracy, bits, task_run
 from report_helpers import (
     axis_titles,
-    drawn_figures,
+    drawn_cleanly,
     figure_blocks,
     figures,
     has_unit,
-    headless_chromium,
-    layout_faults,
     traces,
     without_plotlyjs,
 )
@@ -148,14 +146,4 @@ def test_no_task_section_without_tasks(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("width", [400, 1400])
 def test_task_figures_read_cleanly_in_a_browser(page, specs, tmp_path, width: int) -> None:
-    path = tmp_path / "report.html"
-    path.write_text(page, encoding="utf-8")
-    driver = headless_chromium()
-    try:
-        driver.set_window_size(width, 1000)
-        driver.get(path.as_uri())
-        drawn = drawn_figures(driver, len(specs))
-        assert [d["name"] for d in drawn] == list(specs)
-        assert layout_faults(driver) == []
-    finally:
-        driver.quit()
+    drawn_cleanly(page, specs, tmp_path, width)

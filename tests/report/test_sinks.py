@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -242,15 +243,30 @@ def _send(sink: Any) -> None:
     sink.flush()
 
 
-def test_tensorboard_sink_reads_back(tmp_path):
+def tensorboard_read_back(folder: Path, send: Callable[[Any], None]) -> Any:
+    """What ``send`` gives a TensorBoard sink writing to ``folder``, read back by
+    TensorBoard's own reader (an ``EventAccumulator``); skipped without the extra."""
     pytest.importorskip("tensorboard", reason="pip install 'ledgerlm[tensorboard]'")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    sink = TensorBoardSink(tmp_path / "tb")
-    _send(sink)
+    sink = TensorBoardSink(folder)
+    send(sink)
     sink.close()
-    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc = EventAccumulator(str(folder))
     acc.Reload()
+    return acc
+
+
+def mlflow_uri(folder: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The URI of an MLflow file store in ``folder`` (which MLflow allows only when
+    told to); skipped without the extra."""
+    pytest.importorskip("mlflow", reason="pip install 'ledgerlm[mlflow]'")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    return (folder / "mlruns").as_uri()
+
+
+def test_tensorboard_sink_reads_back(tmp_path):
+    acc = tensorboard_read_back(tmp_path / "tb", _send)
     assert set(acc.Tags()["scalars"]) == {
         "train/loss", "train/grad_norm", "train/lr", "train/tokens_per_s",
         "val/loss", "val_domain/loss/code", "val/bpb",
@@ -263,11 +279,9 @@ def test_tensorboard_sink_reads_back(tmp_path):
 
 
 def test_mlflow_sink_reads_back_and_a_live_copy_continues_its_run(tmp_path, monkeypatch):
-    pytest.importorskip("mlflow", reason="pip install 'ledgerlm[mlflow]'")
+    uri = mlflow_uri(tmp_path, monkeypatch)
     from mlflow.tracking import MlflowClient
 
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    uri = (tmp_path / "mlruns").as_uri()
     first = MLflowSink("unit-run", uri=uri, experiment="lab")
     _send(first)
     first.close("failed")

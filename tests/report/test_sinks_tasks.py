@@ -10,12 +10,12 @@ import pytest
 from e2e.test_sinks import float32, sink_env, wandb_history, wandb_records
 from ledgerlm.report.sinks import (
     MLflowSink,
-    TensorBoardSink,
     WandbSink,
     evaluation_scalars,
     wandb_key,
 )
 from report.task_ledger import accuracy
+from report.test_sinks import mlflow_uri, tensorboard_read_back
 
 TASK = accuracy("code-next-line", "acc", 30, 100) | accuracy("arith", "exact_match", 7, 20)
 EVALS = [{"step": s, "metrics": {"loss": 5.0 - 0.1 * s, "loss/code": 4.5, **TASK}} for s in (3, 6)]
@@ -44,14 +44,7 @@ def test_wandb_keys_are_letters_digits_and_underscores_between_slashes() -> None
 
 
 def test_tensorboard_holds_every_task_key(tmp_path: Path) -> None:
-    pytest.importorskip("tensorboard", reason="pip install 'ledgerlm[tensorboard]'")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    sink = TensorBoardSink(tmp_path / "tb")
-    _send(sink)
-    sink.close()
-    acc = EventAccumulator(str(tmp_path / "tb"))
-    acc.Reload()
+    acc = tensorboard_read_back(tmp_path / "tb", _send)
     assert set(KEYS) <= set(acc.Tags()["scalars"])
     low = acc.Scalars("task/code-next-line/acc_low")
     assert [e.step for e in low] == [3, 6]
@@ -59,11 +52,9 @@ def test_tensorboard_holds_every_task_key(tmp_path: Path) -> None:
 
 
 def test_mlflow_holds_every_task_key(tmp_path: Path, monkeypatch) -> None:
-    pytest.importorskip("mlflow", reason="pip install 'ledgerlm[mlflow]'")
+    uri = mlflow_uri(tmp_path, monkeypatch)
     from mlflow.tracking import MlflowClient
 
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    uri = (tmp_path / "mlruns").as_uri()
     sink = MLflowSink("task-run", uri=uri, experiment="lab")
     _send(sink)
     sink.close("reached")

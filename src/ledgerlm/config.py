@@ -984,6 +984,14 @@ class EvalConfig(_Section):
                     f"eval.targets {key}: task {name} ({kinds[name].task_kind}) has "
                     f"{', '.join(kinds[name].metrics)}, not {metric}"
                 )
+            threshold = self.targets[key]
+            if metric != "bpb" and threshold > 1:
+                raise ValueError(f"eval.targets {key} = {threshold:g}: an accuracy is at most 1")
+            if metric != "bpb" and threshold == 1 and self.confirm_by == "interval":
+                raise ValueError(
+                    f"eval.targets {key} = 1 under confirm_by = interval: the lower end of "
+                    "an accuracy's interval is below 1, so it could never hold"
+                )
         return self
 
     def target(self) -> tuple[str, float, str]:
@@ -1215,17 +1223,23 @@ def recipe_from_dict(tree: dict[str, Any], origin: str = "<recipe>") -> Recipe:
         raise RecipeError(_describe(err, origin)) from None
 
 
+def read_toml(path: Path, what: str) -> dict[str, Any]:
+    """The tables of a TOML file of settings (``what`` it holds, for the message); a file
+    that cannot be read or is not TOML is one line naming it (``RecipeError``)."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise RecipeError(f"{path}: not valid TOML: {err}") from None
+    except OSError as err:
+        raise RecipeError(f"{path}: cannot read {what}: {err.strerror or err}") from None
+
+
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """Load a TOML recipe and apply ``--set`` overrides; errors name the file and key."""
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"{path}: recipe file not found")
-    try:
-        tree = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise RecipeError(f"{path}: not valid TOML: {err}") from None
-    except OSError as err:
-        raise RecipeError(f"{path}: cannot read the recipe: {err.strerror or err}") from None
+    tree = read_toml(path, "the recipe")
     origin = str(path)
     if overrides:
         tree = apply_overrides(tree, overrides)

@@ -38,6 +38,11 @@ def test_a_task_metric_is_the_target_with_its_threshold_from_targets():
         ({"tasks": [CODE], "targets": {"bpb/code": 1.0}}, "a domain name or task/"),
         ({"tasks": [CODE], "metric": "task/cq/acc"}, "give its threshold in eval.targets"),
         ({"tasks": [CODE, CODE]}, "given twice"),
+        ({"tasks": [CODE], "targets": {"task/cq/acc": 25.0}}, "an accuracy is at most 1"),
+        (
+            {"tasks": [CODE], "targets": {"task/cq/acc": 1.0}, "confirm_by": "interval"},
+            "could never hold",
+        ),
         ({"tasks": [{"name": "x", "path": "x.jsonl"}]}, "needs its kind"),
         ({"tasks": [{"name": "x", "path": "x.jsonl", "builtin": "arith"}]}, "exactly one"),
         (

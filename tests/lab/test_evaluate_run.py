@@ -230,6 +230,15 @@ def test_a_tasks_file_of_no_tables_is_one_line(tmp_path):
         read_tasks_file(empty)
 
 
+def test_a_tasks_file_that_is_not_toml_or_not_there_is_one_line(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[tasks]\n")
+    with pytest.raises(ValueError, match=f"^{bad}: not valid TOML: "):
+        read_tasks_file(bad)
+    with pytest.raises(ValueError, match=f"^{tmp_path}: cannot read the tasks file: "):
+        read_tasks_file(tmp_path)  # a folder
+
+
 def test_a_bf16_run_is_scored_with_its_own_numerics(tmp_path):
     """Under train.precision = "bf16" the loop scores its tasks under bf16 autocast; the
     evaluation after the fact on the same snapshot does too, and gives its figures

@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 import time
-import tomllib
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -48,7 +47,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ledgerlm.config import Recipe, TaskConfig, load_recipe
+from ledgerlm.config import Recipe, TaskConfig, load_recipe, read_toml
 from ledgerlm.errors import ArgumentError
 from ledgerlm.extras import check
 from ledgerlm.lab.continued import find_version
@@ -97,12 +96,7 @@ def read_tasks_file(path: Path) -> list[TaskConfig]:
     """The ``[[tasks]]`` tables of a TOML file, each a ``TaskConfig``; a bad file or
     table is one line naming the file and the key."""
     path = Path(path)
-    try:
-        tree = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: not valid TOML: {err}") from None
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read the tasks file: {err.strerror or err}") from None
+    tree = read_toml(path, "the tasks file")
     try:
         return list(_TasksFile.model_validate(tree).tasks)
     except ValidationError as err:

@@ -41,6 +41,7 @@ from ledgerlm.lab.skeleton import (
 from ledgerlm.lab.status import interrupted
 from ledgerlm.ledger import events
 from ledgerlm.ledger.store import Ledger, LedgerError, require_ledger
+from ledgerlm.ledger.target import in_the_run
 from ledgerlm.progress import Progress
 from ledgerlm.tokens.shards import TokenStore
 from ledgerlm.train.checkpoint import STATE, resolve_checkpoint
@@ -52,8 +53,14 @@ FINISHED = ("reached", "not reached", "pruned")
 
 
 def _earlier(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run's own evaluations, which the resumed evaluator replays into its
+    confirmation and stop rules and reuses at a step it evaluates again. Those written
+    after the fact (``ledgerlm eval``, bound to ``eval_after`` phases) are not the
+    run's: a tasks-only score of a snapshot would otherwise pass for the run's
+    evaluation at its step, confirm nothing the run knew, or break a streak."""
     keys = ("step", "tokens", "targets", "updates", "metrics", "snapshot", "consumed")
-    return [{k: e[k] for k in keys} for e in summary["evaluations"]]
+    own = in_the_run(summary["phases"], summary["evaluations"])
+    return [{k: e[k] for k in keys} for e in own]
 
 
 def resume_run(

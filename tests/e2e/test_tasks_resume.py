@@ -15,8 +15,9 @@ from ledgerlm.config import load_recipe
 from ledgerlm.lab.evaluate_run import evaluate_run
 from ledgerlm.lab.resume import resume_run
 from ledgerlm.lab.run import run_recipe
+from ledgerlm.ledger import events
 from ledgerlm.ledger.store import Ledger
-from ledgerlm.ledger.target import in_the_run
+from ledgerlm.ledger.target import EVAL_AFTER, in_the_run
 from ledgerlm.workspace import Workspace
 
 from .tasks_ranks import tasks_recipe
@@ -74,3 +75,16 @@ def test_an_evaluation_after_the_fact_is_not_replayed_into_the_resumed_run(ws):
     assert summary["time_to_target"]["step"] == 8
     # the row after the fact is still there, beside the run's own
     assert [e["id"] for e in summary["evaluations"] if e["step"] == 4][-1] == after.evaluation_id
+
+
+def test_an_evaluation_after_the_fact_takes_none_of_the_budgets(ws):
+    """Two hours of ``ledgerlm eval --harness`` on the killed run: the resumed run's
+    budgets (an hour each) still hold the time it trained and nothing more."""
+    ws, run_id = ws
+    with Ledger(ws.ledger_path) as ledger:
+        detail = {"snapshot_step": 4, "harness": True, "device_seconds": 7200.0}
+        ledger.record_phase(run_id, EVAL_AFTER, 7200.0, step_start=4, step_end=4, detail=detail)
+    summary = resume_run(ws, run_id).summary
+    assert _own_steps(summary) == [4, 8]
+    assert summary["run"]["status"] == "reached"
+    assert events.latest(summary, events.TRAIN_END)["message"] == "target confirmed"

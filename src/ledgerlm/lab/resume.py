@@ -41,7 +41,7 @@ from ledgerlm.lab.skeleton import (
 from ledgerlm.lab.status import interrupted
 from ledgerlm.ledger import events
 from ledgerlm.ledger.store import Ledger, LedgerError, require_ledger
-from ledgerlm.ledger.target import in_the_run
+from ledgerlm.ledger.target import EVAL_AFTER, in_the_run
 from ledgerlm.progress import Progress
 from ledgerlm.tokens.shards import TokenStore
 from ledgerlm.train.checkpoint import STATE, resolve_checkpoint
@@ -61,6 +61,18 @@ def _earlier(summary: dict[str, Any]) -> list[dict[str, Any]]:
     keys = ("step", "tokens", "targets", "updates", "metrics", "snapshot", "consumed")
     own = in_the_run(summary["phases"], summary["evaluations"])
     return [{k: e[k] for k in keys} for e in own]
+
+
+def _spent(summary: dict[str, Any]) -> tuple[float, float]:
+    """The (wall, device) seconds the run's budgets have counted: every phase but those
+    of evaluations written after the fact (``eval_after``), which the run never waited
+    for (a ``ledgerlm eval --harness`` of a killed run takes none of its budget)."""
+    wall = device = 0.0
+    for phase in summary["phases"]:
+        if phase["kind"] != EVAL_AFTER:
+            wall += phase["seconds"] or 0.0
+            device += phase["device_seconds"]
+    return wall, device
 
 
 def resume_run(
@@ -118,9 +130,8 @@ def resume_run(
             # what this process holds, in force from its restore on (ledger.resources)
             ledger.add_event(run_id, events.RESOURCES, json.dumps(held))
             # The wall- and device-time budgets count the work recorded so far, not the
-            # time between the kill and this resume.
-            so_far = ledger.run_summary(run_id)
-            spent = (so_far["total_seconds"], so_far["device_seconds"])
+            # time between the kill and this resume, nor evaluations after the fact.
+            spent = _spent(ledger.run_summary(run_id))
             started_at = time.time() - spent[0]
             with failing(recorder):
                 ph = recorder.start("restore", resume=True, restart=restart)

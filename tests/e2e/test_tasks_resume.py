@@ -6,7 +6,10 @@ run started is refused in one line before the ledger holds anything new."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 import shutil
+import sqlite3
 
 import pytest
 
@@ -88,3 +91,33 @@ def test_an_evaluation_after_the_fact_takes_none_of_the_budgets(ws):
     assert _own_steps(summary) == [4, 8]
     assert summary["run"]["status"] == "reached"
     assert events.latest(summary, events.TRAIN_END)["message"] == "target confirmed"
+
+
+def _rows(ws: Workspace) -> tuple[int, ...]:
+    db = sqlite3.connect(ws.ledger_path)
+    try:
+        tables = ("evaluations", "phases", "events", "steps")
+        return tuple(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables)
+    finally:
+        db.close()
+
+
+def test_a_task_file_changed_since_the_run_started_is_refused_on_resume(ws, killed):
+    ws, run_id = ws
+    path = killed[0] / "tasks" / "prose.jsonl"
+    was = path.read_bytes()
+    before = _rows(ws)
+    try:
+        lines = was.decode().splitlines(keepends=True)
+        path.write_text("".join([lines[1], lines[0], *lines[2:]]))  # the same items, reordered
+        now = hashlib.sha256(path.read_bytes()).hexdigest()
+        then = hashlib.sha256(was).hexdigest()
+        line = f"{path}: changed since run {run_id} started (sha256 {then[:12]}... then, "
+        line += f"{now[:12]}... now)"
+        with pytest.raises(ValueError, match=f"^{re.escape(line)}$"):
+            resume_run(ws, run_id)
+    finally:
+        path.write_bytes(was)
+    assert _rows(ws) == before
+    with Ledger(ws.ledger_path, read_only=True) as ledger:
+        assert ledger.run_summary(run_id)["run"]["status"] == "failed"

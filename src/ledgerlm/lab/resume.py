@@ -37,12 +37,15 @@ from ledgerlm.lab.skeleton import (
     prologue,
     run_lock,
     train_run,
+    unchanged_tasks,
 )
 from ledgerlm.lab.status import interrupted
+from ledgerlm.lab.tasks import resolve_tasks
 from ledgerlm.ledger import events
 from ledgerlm.ledger.store import Ledger, LedgerError, require_ledger
 from ledgerlm.ledger.target import EVAL_AFTER, in_the_run
 from ledgerlm.progress import Progress
+from ledgerlm.tasks.items import TaskSet
 from ledgerlm.tokens.shards import TokenStore
 from ledgerlm.train.checkpoint import STATE, resolve_checkpoint
 from ledgerlm.train.distributed import World
@@ -73,6 +76,23 @@ def _spent(summary: dict[str, Any]) -> tuple[float, float]:
             wall += phase["seconds"] or 0.0
             device += phase["device_seconds"]
     return wall, device
+
+
+def _tasks_again(
+    workspace: Workspace, summary: dict[str, Any], recipe: Recipe
+) -> list[TaskSet] | None:
+    """The recipe's tasks resolved again (files from the current directory, built-in
+    ones from the run's data version), each the very file the run started with
+    (``unchanged_tasks``); ``None`` when the run recorded no tasks yet (it died before
+    its evaluation sets), to be resolved as a fresh run resolves them."""
+    if events.latest(summary, events.TASKS) is None:
+        return None
+    run = summary["run"]
+    data = find_version(workspace, "data", run["data_version"], verify=False)
+    tokens = find_version(workspace, "tokens", run["tokens_version"], verify=False)
+    sets = resolve_tasks(recipe.eval.tasks, workspace, TokenStore(tokens.path), data.path)
+    unchanged_tasks(summary, sets)
+    return sets
 
 
 def resume_run(
@@ -118,6 +138,7 @@ def resume_run(
             stored = load_recipe(run_dir / "recipe.toml")
             check_sinks(stored)  # before anything is written
             held = held_resources(world, stored, workspace)
+            tasks = _tasks_again(workspace, before, stored)  # a changed file: refused here
         recorder = LedgerRecorder(ledger, run_id, note=progress.note)
         with handoff.guard(), run_lock(run_dir):
             # The killed process's open phases end at their last heartbeat (a lower bound
@@ -167,7 +188,7 @@ def resume_run(
                 ranks = saved.get("ranks", 1) if saved else world.size
                 training = same_global_batch(recipe, ranks, world)
 
-                sets = eval_sets(recorder, store, recipe, workspace, data.path)
+                sets = eval_sets(recorder, store, recipe, workspace, data.path, tasks)
                 evaluator = build_evaluator(
                     sets.val, recipe, store, earlier, saved, rules, ranks, tasks=sets.tasks
                 )

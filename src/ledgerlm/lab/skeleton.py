@@ -162,20 +162,54 @@ def eval_sets(
     recipe: Recipe,
     workspace: Workspace,
     data_dir: Path | None,
+    tasks: list[TaskSet] | None = None,
 ) -> EvalSets:
     """Build the validation and test batches and resolve the recipe's tasks (built-in
     ones from the data version in ``data_dir``) as an ``eval`` phase. The ``tasks``
     event names each task's kind, file, sha256 and item count (``lab.tasks.task_record``;
     a built-in task's contamination check too): what the run scores,
-    fixed as it starts (a resume resolves them again and records them again). A task
-    file that cannot be read is one line here, before training."""
+    fixed as it starts (a resume resolves them again, checked against the first such
+    event by ``unchanged_tasks``, and records them again; it passes them as ``tasks``).
+    A task file that cannot be read is one line here, before training."""
     recorder.start("eval", what="build validation set")
     val = val_batches(store, recipe)
     test = test_set(store, recipe)
-    tasks = resolve_tasks(recipe.eval.tasks, workspace, store, data_dir)
+    if tasks is None:
+        tasks = resolve_tasks(recipe.eval.tasks, workspace, store, data_dir)
     if tasks:
         recorder.event(events.TASKS, json.dumps([task_record(t) for t in tasks]))
     return EvalSets(val, unigram_entropy(val), test, tasks)
+
+
+def unchanged_tasks(
+    summary: dict[str, Any], sets: Sequence[TaskSet], limit: int | None = None
+) -> None:
+    """Each task of ``sets`` that the run scored as it started (its first ``tasks``
+    event) must be the very file it scored then: the same sha256 and, for the same
+    settings, the same number of items (at most ``limit`` of them, when given). A file
+    changed since would score other items under the run's own metric keys; it is
+    refused in one line naming it, before anything is written. Tasks the run never
+    scored, and a run that recorded none, are not checked."""
+    first = next((e for e in summary["events"] if e["kind"] == events.TASKS), None)
+    if first is None:
+        return
+    run_id = summary["run"]["id"]
+    then = {t["name"]: t for t in json.loads(first["message"])}
+    for task in sets:
+        was = then.get(task.name)
+        if was is None:
+            continue
+        if was["sha256"] != task.digest:
+            raise ValueError(
+                f"{task.path}: changed since run {run_id} started (sha256 "
+                f"{was['sha256'][:12]}... then, {task.digest[:12]}... now)"
+            )
+        want = int(was["items"]) if limit is None else min(limit, int(was["items"]))
+        if len(task.items) != want:
+            raise ValueError(
+                f"{task.path}: task {task.name!r} gives {len(task.items)} items, where "
+                f"run {run_id} scored {want} of the same file under its metric keys"
+            )
 
 
 def train_run(

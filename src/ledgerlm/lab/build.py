@@ -159,7 +159,8 @@ def run_tasks(recipe: Recipe, store: TokenStore, sets: Sequence[TaskSet] | None)
     frozen = tuple(sets) if sets is not None else None
     rows = recipe.train.micro_batch_rows
     bos, eos = store.special.get("bos"), store.special.get("eos")
-    return Tasks(frozen, store.tokenizer, bos, eos, recipe.pack.seq_len, rows)
+    seq_len, static = recipe.pack.seq_len, recipe.train.compile
+    return Tasks(frozen, store.tokenizer, bos, eos, seq_len, rows, static)
 
 
 def build_evaluator(

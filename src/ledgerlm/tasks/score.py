@@ -130,21 +130,29 @@ def device_of(model: torch.nn.Module) -> torch.device:
 MIN_WIDTH = 64  # the narrowest batch: shorter requests are padded to it
 
 
-def width(longest: int, seq_len: int) -> int:
+def width(longest: int, seq_len: int, static: bool = False) -> int:
     """A batch's positions: its longest input rounded up to a power of two (at least
-    ``MIN_WIDTH``, at most ``seq_len``), so a compiled model (static shapes) sees a few
-    shapes per run, not one per request length, and stays under torch's recompile limit."""
+    ``MIN_WIDTH``, at most ``seq_len``), so a model sees a few shapes per run, not one per
+    request length; ``static``: always ``seq_len``, the one shape a compiled model
+    (``train.compile``: whole-graph blocks, static shapes) was compiled for, where each
+    further shape would be another compile up to torch's recompile limit."""
+    if static:
+        return seq_len
     return min(seq_len, max(MIN_WIDTH, 1 << (longest - 1).bit_length()))
 
 
 @torch.no_grad()
 def loglikelihoods(
-    model: torch.nn.Module, batch: Sequence[Request], rows: int, seq_len: int
+    model: torch.nn.Module,
+    batch: Sequence[Request],
+    rows: int,
+    seq_len: int,
+    static: bool = False,
 ) -> torch.Tensor:
     """(len(batch),) float64 summed log-likelihoods of each request's continuation, on
     the model's device: one forward of ``rows`` rows, right-padded to ``width``."""
     device = device_of(model)
-    t = width(max(len(r.tokens) for r in batch) - 1, seq_len)
+    t = width(max(len(r.tokens) for r in batch) - 1, seq_len, static)
     ids = torch.zeros(rows, t + 1, dtype=torch.long)
     docs = torch.full((rows, t), -1, dtype=torch.long)
     scored = torch.zeros(rows, t, dtype=torch.bool)
@@ -177,6 +185,7 @@ def score_loglikelihoods(
     seq_len: int,
     rows: int,
     ranks: Ranks,
+    static: bool = False,
 ) -> np.ndarray:
     """Every continuation's log-likelihood (flat, item by item), the same on every rank."""
     items = task.items
@@ -195,7 +204,7 @@ def score_loglikelihoods(
     )
     for k in range(runs):
         batch = work[k] if k < len(work) else spare
-        ll = loglikelihoods(model, batch, rows, seq_len)
+        ll = loglikelihoods(model, batch, rows, seq_len, static)
         if k < len(work):
             found.index_add_(0, torch.tensor([r.index for r in batch], device=device), ll)
     return ranks.sum(found.cpu()).numpy()
@@ -212,13 +221,15 @@ def score_task(
     ranks: Ranks = Ranks(),
     decoder_model: GPT | None = None,
     eos: int | None = None,
+    static: bool = False,
 ) -> TaskResult:
     """Score one task's items (module doc) -> its metrics, item scores and seconds.
 
     ``model`` is what the trainer evaluates with; ``decoder_model`` the plain ``GPT``
     that ``exact`` tasks generate with (the KV-cache ``Decoder`` needs its modules), and
-    ``eos`` the token that ends a generation as a stop string does. The model is put in
-    eval mode and given back in the mode it had.
+    ``eos`` the token that ends a generation as a stop string does; ``static`` pads every
+    batch to ``seq_len`` (``width``: a compiled model). The model is put in eval mode and
+    given back in the mode it had.
     """
     if rows < 1:
         raise ValueError(f"rows {rows} must be >= 1")
@@ -242,7 +253,14 @@ def score_task(
             )
         else:
             ll = score_loglikelihoods(
-                model, task, tokenizer, bos, seq_len=seq_len, rows=rows, ranks=ranks
+                model,
+                task,
+                tokenizer,
+                bos,
+                seq_len=seq_len,
+                rows=rows,
+                ranks=ranks,
+                static=static,
             )
             scores = choice_scores if kind == "choice" else bpb_scores
             metrics, per_item = scores(task.items, ll, prefix)
@@ -320,6 +338,7 @@ def score_tasks(
     ranks: Ranks = Ranks(),
     decoder_model: GPT | None = None,
     eos: int | None = None,
+    static: bool = False,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Every task scored -> (their metrics merged, seconds per task name)."""
     metrics: dict[str, float] = {}
@@ -335,6 +354,7 @@ def score_tasks(
             ranks=ranks,
             decoder_model=decoder_model,
             eos=eos,
+            static=static,
         )
         metrics.update(result.metrics)
         seconds[result.name] = result.seconds

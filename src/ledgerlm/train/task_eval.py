@@ -33,7 +33,9 @@ class Tasks:
     on a rank other than 0 until ``shared``), the token version's tokenizer, its BOS id
     and its EOS id (which ends a generation as a stop string does), the model's context
     (``seq_len``: a longer input is cut from the left) and the rows of one forward
-    (``rows``: the validation batches', so no larger batch is made)."""
+    (``rows``: the validation batches', so no larger batch is made); ``static``: every
+    batch padded to ``seq_len``, the validation batches' shape, which a compiled model
+    (``train.compile``) was compiled for, so scoring tasks compiles nothing more."""
 
     sets: tuple[TaskSet, ...] | None
     tokenizer: Any  # tokenizers.Tokenizer
@@ -41,6 +43,7 @@ class Tasks:
     eos: int | None
     seq_len: int
     rows: int
+    static: bool = False
 
     def shared(self, world: World | None) -> Tasks:
         """These tasks with rank 0's items on every rank (one broadcast; every rank of a
@@ -71,6 +74,7 @@ class Tasks:
             ranks=ranks_of(world),
             decoder_model=None if world.sharded else model,
             eos=self.eos,
+            static=self.static,
         )
         if world.sharded:
             reshard(model)

@@ -148,3 +148,21 @@ def test_a_final_metric_is_spread_over_the_runs_that_measured_it() -> None:
         "task/qa/acc": [0.4, 0.5],
         "task/story/bpb": [1.9],
     }
+
+
+def test_an_asynchronous_evaluation_s_tasks_count_their_share_of_its_wait():
+    from ledgerlm.ledger.compare_tasks import task_seconds
+
+    phases = [
+        # scored in the background for 4 s while training waited 0.5 s of it
+        {
+            "kind": "eval",
+            "seconds": 0.5,
+            "detail": {"eval_wall_seconds": 4.0, "task_seconds": {"qa": 3.0}},
+        },
+        {"kind": "eval", "seconds": 2.0, "detail": {"task_seconds": {"qa": 1.5, "ar": 0.25}}},
+        {"kind": "train", "seconds": 9.0, "detail": {"task_seconds": {"qa": 7.0}}},
+    ]
+    found = task_seconds({"phases": phases})
+    assert found == {"qa": 0.5 * 3.0 / 4.0 + 1.5, "ar": 0.25}
+    assert sum(found.values()) <= sum(p["seconds"] for p in phases if p["kind"] == "eval")

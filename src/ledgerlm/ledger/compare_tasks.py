@@ -57,14 +57,23 @@ def after_the_fact(summary: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
 
 def task_seconds(summary: Mapping[str, Any], kind: str = "eval") -> dict[str, float]:
     """Seconds spent scoring each task over the run's phases of ``kind`` (the detail's
-    ``task_seconds`` of each evaluation phase), by task name."""
+    ``task_seconds`` of each evaluation phase), by task name. An evaluation scored in a
+    background thread overlapped training: its phase holds only the wait, and its tasks
+    count their share of it (as on the bill, ``ledger.target.task_seconds``), so the
+    tasks never hold more than the phases they are part of."""
     out: dict[str, float] = {}
     for phase in summary.get("phases", []):
         if phase.get("kind") != kind:
             continue
-        for name, seconds in ((phase.get("detail") or {}).get("task_seconds") or {}).items():
+        detail = phase.get("detail") or {}
+        share = 1.0
+        wall = finite(detail.get("eval_wall_seconds"))
+        if wall is not None:
+            held = finite(phase.get("seconds")) or 0.0
+            share = min(1.0, held / wall) if wall > 0 else 0.0
+        for name, seconds in (detail.get("task_seconds") or {}).items():
             if (value := finite(seconds)) is not None:
-                out[name] = out.get(name, 0.0) + value
+                out[name] = out.get(name, 0.0) + value * share
     return out
 
 

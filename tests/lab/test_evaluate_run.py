@@ -6,7 +6,9 @@ the run's verdict, status and bill do not move; every refusal writes nothing."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import shutil
 import sqlite3
 from pathlib import Path
@@ -202,6 +204,36 @@ def test_a_checkpoint_that_is_not_the_loops_snapshot_is_refused(ws):
     assert _rows(ws)[0] == evaluations
     (phase,) = [p for p in _summary(ws, run_id)["phases"] if p["kind"] == "eval_after"]
     assert "feedfacefeedface" in phase["detail"]["error"]
+
+
+def test_a_task_file_changed_since_the_run_started_is_refused(ws, made, tmp_path):
+    """The run's own task file rewritten (its items reordered), and a tasks file whose
+    task takes one of the run's task names for another file: both would score other
+    items under the run's metric keys; each is one line naming the file, and nothing
+    is written."""
+    ws, run_id = ws
+    before = _rows(ws)
+    path = made[0] / "choice.jsonl"
+    was = path.read_bytes()
+    then = hashlib.sha256(was).hexdigest()
+    try:
+        lines = was.decode().splitlines(keepends=True)
+        path.write_text("".join([lines[1], lines[0], *lines[2:]]))
+        now = hashlib.sha256(path.read_bytes()).hexdigest()
+        line = f"{path}: changed since run {run_id} started (sha256 {then[:12]}... then, "
+        line += f"{now[:12]}... now)"
+        with pytest.raises(ValueError, match=f"^{re.escape(line)}$"):
+            evaluate_run(ws, run_id)
+        with pytest.raises(ValueError, match=f"^{re.escape(line)}$"):
+            evaluate_run(ws, run_id, tasks=["t-choice"])
+    finally:
+        path.write_bytes(was)
+    other = _write(tmp_path / "other.jsonl", _records("choice", 12, 99))
+    toml = tmp_path / "same-name.toml"
+    toml.write_text(f'[[tasks]]\nname = "t-choice"\npath = "{other}"\nkind = "choice"\n')
+    with pytest.raises(ValueError, match=f"^{re.escape(str(other))}: changed since run"):
+        evaluate_run(ws, run_id, tasks=[str(toml)])
+    assert _rows(ws) == before
 
 
 def test_the_wait_before_an_eval_after_phase_is_idle_not_uncovered():

@@ -28,9 +28,13 @@ was. Where the loop evaluated the same step, the checkpoint's digest must be the
 recorded: the ledger then holds two scores of one snapshot. (An FSDP run's digests are
 of its shards, ``train.snapshot``, and cannot be compared with one process's.)
 
+A task of the run's name (one of its own, or a ``[[tasks]]`` table of that name) scores
+under the run's metric keys, so its file must be the one the run started with: the
+same sha256 and item count as its first ``tasks`` event (``lab.skeleton.unchanged_tasks``).
+
 Everything that can be refused is refused before the phase opens: a live run, no
-checkpoint, another step, unknown or no tasks, a task file that cannot be read; the
-ledger then holds nothing new.
+checkpoint, another step, unknown or no tasks, a task file that cannot be read or has
+changed since the run started; the ledger then holds nothing new.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from ledgerlm.extras import check
 from ledgerlm.lab.continued import find_version
 from ledgerlm.lab.export import load_run_model
 from ledgerlm.lab.harness import run_harness
-from ledgerlm.lab.skeleton import run_lock
+from ledgerlm.lab.skeleton import run_lock, unchanged_tasks
 from ledgerlm.lab.status import interrupted
 from ledgerlm.lab.tasks import resolve_tasks, task_record
 from ledgerlm.ledger.store import Ledger, LedgerError, require_ledger
@@ -198,7 +202,8 @@ def evaluate_run(
     require_ledger(workspace.ledger_path)
     with Ledger(workspace.ledger_path, read_only=True) as reader:  # refusals write nothing
         run_id = reader.resolve_run(run_ref)
-        run = reader.run_summary(run_id)["run"]
+        before = reader.run_summary(run_id)
+    run = before["run"]
     _refuse_live(workspace, run)
     at = int(_checkpoint_state(workspace, run_id, step)["step"])
     recipe = load_recipe(workspace.run_dir(run_id) / "recipe.toml")
@@ -207,6 +212,8 @@ def evaluate_run(
         cfgs = [c.model_copy(update={"limit": limit}) for c in cfgs]
     store = TokenStore(find_version(workspace, "tokens", run["tokens_version"], verify=False).path)
     sets = resolve_tasks(cfgs, workspace, store, None)
+    # a task of the run's name scores under its metric keys: the same file, or refused
+    unchanged_tasks(before, sets, limit)
     names = [t.name for t in sets]
     files = [task_record(t) for t in sets]
     with Ledger(workspace.ledger_path) as ledger, _held(workspace, ledger, run_id):

@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import sqlite3
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -187,7 +188,7 @@ def test_refusals_write_nothing(ws, tmp_path):
 
 def test_a_checkpoint_that_is_not_the_loops_snapshot_is_refused(ws):
     """The loop's digest at the step altered: the checkpoint no longer matches what the
-    run evaluated there, and no evaluation is written (the attempt's phase says why)."""
+    run evaluated there; it is refused before anything is written."""
     ws, run_id = ws
     last = _summary(ws, run_id)["evaluations"][-1]
     db = sqlite3.connect(ws.ledger_path)
@@ -196,14 +197,46 @@ def test_a_checkpoint_that_is_not_the_loops_snapshot_is_refused(ws):
             "UPDATE evaluations SET snapshot = 'feedfacefeedface' WHERE id = ?", (last["id"],)
         )
     db.close()
-    evaluations = _rows(ws)[0]
+    before = _rows(ws)
     with pytest.raises(
         LedgerError, match=f"digest {last['snapshot']}.*step {last['step']} \\(feedfacefeedface\\)"
     ):
         evaluate_run(ws, run_id)
-    assert _rows(ws)[0] == evaluations
-    (phase,) = [p for p in _summary(ws, run_id)["phases"] if p["kind"] == "eval_after"]
-    assert "feedfacefeedface" in phase["detail"]["error"]
+    assert _rows(ws) == before  # no evaluation, and no eval_after phase either
+
+
+def test_a_limit_only_lowers_a_tasks_own_limit(ws, tmp_path):
+    """``limit`` 5 on a task of limit 3 scores its 3 items, not 5; on a task of no limit
+    of its own, 5."""
+    ws, run_id = ws
+    extra = _write(tmp_path / "more.jsonl", _records("choice", 9, 7))
+    toml = tmp_path / "more.toml"
+    toml.write_text(f'[[tasks]]\nname = "more"\npath = "{extra}"\nkind = "choice"\nlimit = 3\n')
+    result = evaluate_run(ws, run_id, tasks=["t-bpb", str(toml)], limit=5)
+    assert result.metrics["task/more/items"] == 3
+    assert result.metrics["task/t-bpb/items"] == 5
+
+
+class _Interrupted:
+    """A progress display whose first advance is a Ctrl-C, in the middle of scoring."""
+
+    @contextmanager
+    def task(self, description, total=None):
+        yield self
+
+    def advance(self, n=1, **fields):
+        raise KeyboardInterrupt
+
+    def note(self, line):
+        pass
+
+
+def test_an_interrupted_scoring_leaves_the_ledger_as_it_was(ws):
+    ws, run_id = ws
+    before = _rows(ws)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate_run(ws, run_id, progress=_Interrupted())
+    assert _rows(ws) == before  # no eval_after phase, open or closed
 
 
 def test_a_task_file_changed_since_the_run_started_is_refused(ws, made, tmp_path):

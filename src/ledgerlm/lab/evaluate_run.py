@@ -31,10 +31,14 @@ of its shards, ``train.snapshot``, and cannot be compared with one process's.)
 A task of the run's name (one of its own, or a ``[[tasks]]`` table of that name) scores
 under the run's metric keys, so its file must be the one the run started with: the
 same sha256 and item count as its first ``tasks`` event (``lab.skeleton.unchanged_tasks``).
+``limit`` only ever lowers a task's own limit.
 
-Everything that can be refused is refused before the phase opens: a live run, no
+Everything that can be refused is refused before anything is written: a live run, no
 checkpoint, another step, unknown or no tasks, a task file that cannot be read or has
-changed since the run started; the ledger then holds nothing new.
+changed since the run started, a checkpoint that is not the loop's snapshot. The phase
+is written only once the scores exist, with the seconds measured from the model's
+loading on: a scoring that fails (the harness's error, Ctrl-C) leaves the ledger as it
+was.
 """
 
 from __future__ import annotations
@@ -191,8 +195,9 @@ def evaluate_run(
     """Score run ``run_ref``'s checkpoint on downstream tasks and record it (module doc).
 
     ``tasks``: TOML files and names of the run's tasks (``chosen_tasks``); ``limit``
-    scores at most the first N items of each; ``harness`` scores with
-    lm-evaluation-harness (the ``lmeval`` extra) instead of in process."""
+    scores at most the first N items of each (never more than its own ``limit``);
+    ``harness`` scores with lm-evaluation-harness (the ``lmeval`` extra) instead of in
+    process."""
     progress = progress or NullProgress()
     if limit is not None and limit < 1:
         raise ArgumentError("{limit} {value}: must be at least 1", value=limit)
@@ -208,8 +213,8 @@ def evaluate_run(
     at = int(_checkpoint_state(workspace, run_id, step)["step"])
     recipe = load_recipe(workspace.run_dir(run_id) / "recipe.toml")
     cfgs = chosen_tasks(recipe, tasks, run_id)
-    if limit is not None:
-        cfgs = [c.model_copy(update={"limit": limit}) for c in cfgs]
+    if limit is not None:  # only ever fewer items than the task's own limit
+        cfgs = [c.model_copy(update={"limit": min(limit, c.limit or limit)}) for c in cfgs]
     store = TokenStore(find_version(workspace, "tokens", run["tokens_version"], verify=False).path)
     sets = resolve_tasks(cfgs, workspace, store, None)
     # a task of the run's name scores under its metric keys: the same file, or refused
@@ -220,46 +225,53 @@ def evaluate_run(
         # under the run's lock: the checkpoint is still the one found above
         state = _checkpoint_state(workspace, run_id, at)
         summary = ledger.run_summary(run_id)
-        with ledger.phase(
-            run_id, EVAL_AFTER, step_start=at, snapshot_step=at, harness=harness, tasks=names
-        ) as phase:
-            start = time.perf_counter()
-            loaded = load_run_model(workspace, run_id, purpose="evaluate")
-            model = loaded.model.eval()
-            digest = weights_digest(model)
-            recorded = _loop_snapshots(summary, at)
-            if recorded and not _sharded(state) and digest not in recorded:
-                raise LedgerError(
-                    f"run {run_id}: the checkpoint's weights (digest {digest}) are not the "
-                    f"snapshot the run evaluated at step {at} ({', '.join(sorted(recorded))})"
-                )
-            if harness:
-                metrics, seconds = _by_harness(loaded, sets, workspace, progress)
-            else:
-                metrics, seconds = _in_process(loaded.recipe, store, sets, model, progress)
-            phase.step_end = at
-            phase.detail.update(
-                task_seconds=seconds, task_files=files, snapshot=digest, device="cpu"
+        start = time.perf_counter()
+        loaded = load_run_model(workspace, run_id, purpose="evaluate")
+        model = loaded.model.eval()
+        digest = weights_digest(model)
+        recorded = _loop_snapshots(summary, at)
+        if recorded and not _sharded(state) and digest not in recorded:
+            raise LedgerError(
+                f"run {run_id}: the checkpoint's weights (digest {digest}) are not the "
+                f"snapshot the run evaluated at step {at} ({', '.join(sorted(recorded))})"
             )
-            counters = state.get("counters") or {}
-            evaluation_id = ledger.add_evaluation(
-                run_id,
-                step=at,
-                tokens=int(counters.get("tokens", 0)),
-                targets=int(counters.get("supervised_targets", 0)),
-                updates=int(counters.get("optimizer_updates", at)),
-                metrics=metrics,
-                snapshot=digest,
-                phase_id=phase.id,
-                consumed={
-                    k.removeprefix("tokens/"): int(v)
-                    for k, v in counters.items()
-                    if k.startswith("tokens/")
-                },
-            )
+        if harness:
+            metrics, seconds = _by_harness(loaded, sets, workspace, progress)
+        else:
+            metrics, seconds = _in_process(loaded.recipe, store, sets, model, progress)
+        # The phase is written once the scores exist, with the seconds they took: an
+        # attempt that failed or was interrupted leaves nothing in the ledger.
+        took = time.perf_counter() - start
+        detail = {
+            "snapshot_step": at,
+            "harness": harness,
+            "tasks": names,
+            "task_seconds": seconds,
+            "task_files": files,
+            "snapshot": digest,
+            "device": "cpu",
             # this process held one device (the CPU), whatever the run trained on
-            phase.detail["device_seconds"] = round(time.perf_counter() - start, 6)
-        (row,) = [p for p in ledger.run_summary(run_id)["phases"] if p["id"] == phase.id]
+            "device_seconds": took,
+        }
+        phase_id = ledger.record_phase(
+            run_id, EVAL_AFTER, took, step_start=at, step_end=at, detail=detail
+        )
+        counters = state.get("counters") or {}
+        evaluation_id = ledger.add_evaluation(
+            run_id,
+            step=at,
+            tokens=int(counters.get("tokens", 0)),
+            targets=int(counters.get("supervised_targets", 0)),
+            updates=int(counters.get("optimizer_updates", at)),
+            metrics=metrics,
+            snapshot=digest,
+            phase_id=phase_id,
+            consumed={
+                k.removeprefix("tokens/"): int(v)
+                for k, v in counters.items()
+                if k.startswith("tokens/")
+            },
+        )
     checked = None if not recorded or _sharded(state) else True
     return AfterEval(
         run_id=run_id,
@@ -269,9 +281,9 @@ def evaluate_run(
         metrics=metrics,
         task_seconds=seconds,
         tasks=names,
-        seconds=float(row["seconds"]),
+        seconds=took,
         evaluation_id=evaluation_id,
-        phase_id=phase.id,
+        phase_id=phase_id,
         loop_snapshot=checked,
     )
 

@@ -114,6 +114,11 @@ def test_final_metrics_are_the_last_evaluation_that_measured_each(ledger: Ledger
     assert list(found) == ["loss", "task/qa/acc"]
     assert found["loss"] == {"value": 1.2, "stderr": None, "step": 200}
     assert found["task/qa/acc"]["value"] == pytest.approx(0.35)  # the after-the-fact one
+    # at the step of one of the run's own evaluations, the run's own figure stands
+    again = [(200, accuracy("qa", "acc", 10, 50), True)]
+    evals = [{"loss": 1.5}, {"loss": 1.2, **accuracy("qa", "acc", 40, 100)}]
+    summary = ledger.run_summary(task_run(ledger, "r2", recipe(), evals=evals, after=again))
+    assert final_metrics(summary)["task/qa/acc"]["value"] == pytest.approx(0.40)
 
 
 def test_seed_groups_hold_mean_and_sample_std_of_each_final_metric(ledger: Ledger) -> None:

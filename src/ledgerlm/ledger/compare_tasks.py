@@ -86,9 +86,15 @@ def val_metric(summary: Mapping[str, Any]) -> str:
 
 def final_metrics(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """The validation measure and every task metric at the run's last evaluation that
-    measured each (an evaluation after the fact counts: it scored the run's weights):
-    ``{metric: {"value", "stderr", "step"}}``, the validation measure first."""
-    evaluations = sorted(summary.get("evaluations") or [], key=lambda ev: (ev["step"], ev["id"]))
+    measured each: ``{metric: {"value", "stderr", "step"}}``, the validation measure
+    first. An evaluation written after the fact counts (it scored the run's weights),
+    but at the step of one of the run's own the run's own wins (``ledgerlm eval
+    --limit`` may have scored fewer items under the same name)."""
+    later = after_the_fact(summary)
+    evaluations = sorted(
+        summary.get("evaluations") or [],
+        key=lambda ev: (ev["step"], ev["id"] not in later, ev["id"]),
+    )
     out: dict[str, dict[str, Any]] = {}
     for key in [val_metric(summary), *task_metric_names(evaluations)]:
         for ev in reversed(evaluations):

@@ -104,3 +104,34 @@ def test_a_resumed_run_scores_the_tasks_as_the_uninterrupted_run(tmp_path):
         assert len(tasks) == 19 and {k: a["metrics"][k] for k in tasks} == tasks
     found = [json.loads(e["message"]) for e in resumed["events"] if e["kind"] == "tasks"]
     assert len(found) == 2 and found[0] == found[1]
+
+
+def test_an_exact_task_that_leaves_no_room_for_its_context_stops_before_the_ledger_row(
+    tmp_path,
+):
+    """max_new_tokens at pack.seq_len (64): refused in one line before the run's row."""
+    recipe = tasks_recipe(tmp_path, names=("sums",))
+    recipe.write_text(recipe.read_text().replace("max_new_tokens = 4", "max_new_tokens = 64"))
+    ws = Workspace(tmp_path / "ws")
+    line = "eval.tasks 'sums': max_new_tokens 64 leaves no room for a context in pack.seq_len 64"
+    with pytest.raises(ValueError, match=f"^{line}$"):
+        run_recipe(load_recipe(recipe, SHORT), ws)
+    assert not ws.ledger_path.exists() or not Ledger(ws.ledger_path).list_runs()
+
+
+def test_a_continuation_longer_than_seq_len_stops_the_run_before_training(tmp_path):
+    """A bits-per-byte answer of more than 64 tokens: one line naming the file and the
+    record's line, at the evaluation phase that resolves the tasks; nothing trained."""
+    recipe = tasks_recipe(tmp_path, names=("prose",))
+    path = tmp_path / "tasks" / "prose.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    lines[3] = json.dumps({"context": "the data", "answer": " ".join(["model"] * 200)}) + "\n"
+    path.write_text("".join(lines))
+    ws = Workspace(tmp_path / "ws")
+    with pytest.raises(ValueError, match=rf"^{path}:4: a continuation of \d+ tokens does not fit"):
+        run_recipe(load_recipe(recipe, SHORT), ws)
+    with Ledger(ws.ledger_path, read_only=True) as ledger:
+        (run,) = ledger.list_runs()
+        summary = ledger.run_summary(run["id"])
+    assert run["status"] == "failed" and summary["evaluations"] == []
+    assert "train" not in {p["kind"] for p in summary["phases"]}

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer
+
 from ledgerlm.config import Recipe
 from ledgerlm.data.contamination import contamination_warnings
 from ledgerlm.data.pipeline import prepare_data
@@ -29,6 +31,7 @@ from ledgerlm.lab.tasks import resolve_tasks, task_record
 from ledgerlm.ledger import events
 from ledgerlm.ledger.store import LedgerBusyError, LedgerError
 from ledgerlm.progress import NullProgress, Progress
+from ledgerlm.tasks.encoding import encode_pair
 from ledgerlm.tasks.items import TaskSet, load_task
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.shards import TokenStore, build_tokens
@@ -120,12 +123,39 @@ def check_contract(recipe: Recipe, world: World) -> None:
 
 def check_task_files(recipe: Recipe) -> None:
     """Every task file the recipe names is read and checked (``tasks.items.load_task``:
-    a missing file or a bad record is ``file:line: reason``), so a bad one stops the
-    run before its ledger row; the run reads them again as it starts (``eval_sets``).
-    Built-in tasks are made from the data version, which only the run has."""
+    a missing file or a bad record is ``file:line: reason``), and every exact task must
+    leave its context room in ``pack.seq_len`` beside the tokens it generates, so a bad
+    one stops the run before its ledger row; the run reads them again as it starts
+    (``eval_sets``, which checks their lengths in tokens). Built-in tasks are made from
+    the data version, which only the run has."""
+    seq_len = recipe.pack.seq_len
     for cfg in recipe.eval.tasks:
+        if cfg.task_kind == "exact" and cfg.max_new_tokens >= seq_len:
+            raise ValueError(
+                f"eval.tasks {cfg.name!r}: max_new_tokens {cfg.max_new_tokens} leaves no "
+                f"room for a context in pack.seq_len {seq_len}"
+            )
         if cfg.path is not None:
             load_task(cfg, Path(cfg.path))
+
+
+def check_task_lengths(tasks: Sequence[TaskSet], tokenizer: Tokenizer, seq_len: int) -> None:
+    """Every continuation a likelihood task scores (choice, bpb) fits ``seq_len`` tokens
+    as the scorer cuts it (``tasks.encoding.encode_pair``); the scorer would refuse a
+    longer one only at the first evaluation, after training began (and under
+    ``torchrun`` on the one rank holding the item, the others waiting for it). One line
+    naming the file and the record's line."""
+    for task in tasks:
+        if task.kind == "exact":
+            continue
+        for item in task.items:
+            for continuation in item.continuations:
+                _, tokens = encode_pair(tokenizer, item.context, continuation)
+                if len(tokens) > seq_len:
+                    raise ValueError(
+                        f"{task.path}:{item.line}: a continuation of {len(tokens)} tokens "
+                        f"does not fit pack.seq_len {seq_len}"
+                    )
 
 
 def check_metric(recipe: Recipe, store: TokenStore) -> None:
@@ -170,12 +200,14 @@ def eval_sets(
     a built-in task's contamination check too): what the run scores,
     fixed as it starts (a resume resolves them again, checked against the first such
     event by ``unchanged_tasks``, and records them again; it passes them as ``tasks``).
-    A task file that cannot be read is one line here, before training."""
+    A task file that cannot be read, or an item too long for ``pack.seq_len``
+    (``check_task_lengths``), is one line here, before training."""
     recorder.start("eval", what="build validation set")
     val = val_batches(store, recipe)
     test = test_set(store, recipe)
     if tasks is None:
         tasks = resolve_tasks(recipe.eval.tasks, workspace, store, data_dir)
+    check_task_lengths(tasks, store.tokenizer, recipe.pack.seq_len)
     if tasks:
         recorder.event(events.TASKS, json.dumps([task_record(t) for t in tasks]))
     return EvalSets(val, unigram_entropy(val), test, tasks)

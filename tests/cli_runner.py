@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.toml"
 
 
-def ledgerlm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+def ledgerlm(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the venv's console script; with ``check``, a failure raises with its output.
 
     COLUMNS=200 keeps rich from wrapping tables and long paths in what tests read."""
@@ -24,7 +24,7 @@ def ledgerlm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
         [str(exe), *args],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
         env={**os.environ, "COLUMNS": "200"},
     )
     if check and proc.returncode != 0:

@@ -39,7 +39,7 @@ from ledgerlm.data.verify import iter_split
 
 # Bump when the records a task makes from the same data version change, so the
 # materialized files of earlier versions of these rules are made again.
-TASKS_FORMAT = 2
+TASKS_FORMAT = 3
 
 HELD_OUT = ("val", "test")
 # The few-shot pool ("split": "train" records) each task file holds before its scored items.
@@ -143,6 +143,22 @@ def held_out_functions(data_dir: Path, manifest: dict[str, Any]) -> Iterator[Fun
                 yield from functions_of(doc_id, text)
 
 
+def distinct(functions: Iterable[Function]) -> list[Function]:
+    """The functions with each text once, the first of its twins kept (the order given:
+    ``held_out_functions``'s is fixed). Two modules can hold the same function, or a
+    method the same body at another depth (``normalize_text``: case and spacing aside):
+    one of them among the few-shot examples would show a scored item its own answer,
+    and two scored would count one item twice against the binomial error."""
+    seen: set[str] = set()
+    out = []
+    for fn in functions:
+        text = normalize_text("\n".join(fn.lines))
+        if text not in seen:
+            seen.add(text)
+            out.append(fn)
+    return out
+
+
 def _gold_lines(fn: Function) -> list[int]:
     """Where a gold line may be: a non-blank line after the first, within the cut range."""
     return [j for j in range(1, min(len(fn.lines), MAX_CUT_LINE + 1)) if fn.lines[j].strip()]
@@ -158,7 +174,8 @@ def code_next_line_records(
     items: int = CODE_ITEMS,
     pool: int = POOL,
 ) -> list[dict[str, Any]]:
-    """One record per function (items stay independent for the binomial error): the
+    """One record per distinct function (``distinct``: items stay independent for the
+    binomial error, and no few-shot example is a scored item's twin): the
     first ``pool`` (at most a fifth of the functions) are few-shot records, then at most
     ``items`` scored ones. Functions are
     shuffled (seeded) first, so a ``limit`` takes a sample of every module, not the first
@@ -167,7 +184,7 @@ def code_next_line_records(
     than the gold: a statement at the gold's own depth could often follow as well as the
     gold does (``x = 1`` for ``y = 2``), an item no model can get right, while a line at
     another depth fits only where the function's blocks say it may."""
-    usable = [fn for fn in functions if _gold_lines(fn)]
+    usable = [fn for fn in distinct(functions) if _gold_lines(fn)]
     rng = random.Random(f"task-code-next-line:{seed}")
     rng.shuffle(usable)
     pool = min(pool, len(usable) // 5)  # a small version keeps most functions to score

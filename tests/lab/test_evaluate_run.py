@@ -266,6 +266,12 @@ def test_a_task_file_changed_since_the_run_started_is_refused(ws, made, tmp_path
     toml.write_text(f'[[tasks]]\nname = "t-choice"\npath = "{other}"\nkind = "choice"\n')
     with pytest.raises(ValueError, match=f"^{re.escape(str(other))}: changed since run"):
         evaluate_run(ws, run_id, tasks=[str(toml)])
+    # the run's own file under its name, read with a lower limit: other items too
+    fewer = f'[[tasks]]\nname = "t-choice"\npath = "{path}"\nkind = "choice"\nlimit = 3\n'
+    toml.write_text(fewer)
+    line = f"{path}: task 't-choice' gives 3 items, where run {run_id} scored 12 of the same"
+    with pytest.raises(ValueError, match=f"^{re.escape(line)}"):
+        evaluate_run(ws, run_id, tasks=[str(toml)])
     assert _rows(ws) == before
 
 

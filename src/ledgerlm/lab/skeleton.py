@@ -217,11 +217,12 @@ def unchanged_tasks(
     summary: dict[str, Any], sets: Sequence[TaskSet], limit: int | None = None
 ) -> None:
     """Each task of ``sets`` that the run scored as it started (its first ``tasks``
-    event) must be the very file it scored then: the same sha256 and, for the same
-    settings, the same number of items (at most ``limit`` of them, when given). A file
-    changed since would score other items under the run's own metric keys; it is
-    refused in one line naming it, before anything is written. Tasks the run never
-    scored, and a run that recorded none, are not checked."""
+    event) must be the very file it scored then, read the same way: the same sha256 and
+    as many items (at most ``limit``, when given; a table of a tasks file with a lower
+    limit of its own, or another split field, would give others). A file changed since
+    would score other items under the run's own metric keys; it is refused in one line
+    naming it, before anything is written. Tasks of other names, and a run that
+    recorded none, are not checked."""
     first = next((e for e in summary["events"] if e["kind"] == events.TASKS), None)
     if first is None:
         return

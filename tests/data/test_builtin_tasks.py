@@ -19,6 +19,7 @@ from ledgerlm.data.builtin_tasks import (
     Function,
     arith_records,
     code_next_line_records,
+    distinct,
     functions_of,
     held_out_functions,
     overlapping,
@@ -111,22 +112,20 @@ def test_functions_are_read_whole_also_from_a_document_cut_short():
     ]
 
 
+def _function(doc: str, i: int, indent: str = "") -> Function:
+    body = (
+        f"def f{i}(x):",
+        f"    y = x * {i}",
+        "",
+        f"    if y > {i}:",
+        f"        y = y - {i}",
+        f"    return y + {i}",
+    )
+    return Function(doc, f"f{i}", tuple(indent + line if line else line for line in body))
+
+
 def _functions(n: int) -> list[Function]:
-    return [
-        Function(
-            f"doc{i % 5}",
-            f"f{i}",
-            (
-                f"def f{i}(x):",
-                f"    y = x * {i}",
-                "",
-                f"    if y > {i}:",
-                f"        y = y - {i}",
-                f"    return y + {i}",
-            ),
-        )
-        for i in range(n)
-    ]
+    return [_function(f"doc{i % 5}", i) for i in range(n)]
 
 
 def test_code_next_line_gold_is_the_next_line_and_distractors_are_indented_otherwise():
@@ -240,3 +239,28 @@ def test_contamination_finds_a_short_item_inside_a_training_line(planted):
     line = "value_3 * 3"  # of the leaked fns[3], now a training line
     hit, _ = overlapping([*texts, line], data.path, data.manifest, ngram=13)
     assert hit.tolist() == [False, False, False, True]
+
+
+# Twins: the same function in two modules (or a method with the same body at another
+# depth) gives one record, that of the first found.
+
+
+def test_each_function_text_gives_one_record_the_first_twins():
+    """40 functions, each also in a second module (every other one as a method, one
+    level deeper): 40 records, none of a twin; a twin in the few-shot pool would show
+    the scored twin's answer."""
+    first = [_function(f"mod{i}", i) for i in range(40)]
+    twins = [_function(f"copy{i}", i, "    " * (i % 2)) for i in range(40)]
+    functions = [x for pair in zip(first, twins, strict=True) for x in pair]
+    assert distinct(functions) == first
+    records = code_next_line_records(functions, pool=8)
+    assert len(records) == 40
+    assert {r["doc"] for r in records} == {f"mod{i}" for i in range(40)}
+    pool = [r for r in records if r.get("split") == "train"]
+    assert len(pool) == 8
+
+
+def test_functions_that_differ_are_all_kept_in_their_order():
+    functions = [_function("a", 1), _function("b", 2), _function("c", 1)]
+    functions.append(Function("d", "f1", ("def f1(x):", "    return x")))
+    assert [f.doc_id for f in distinct(functions)] == ["a", "b", "d"]

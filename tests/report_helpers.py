@@ -119,7 +119,8 @@ def drawn_cleanly(page: str, names: Mapping[str, Any], folder: Path, width: int)
         driver.get(path.as_uri())
         drawn = drawn_figures(driver, len(names))
         assert [d["name"] for d in drawn] == list(names)
-        assert layout_faults(driver) == []
+        faults = layout_faults(driver)
+        assert faults == [], "; ".join(faults)
         return drawn
     finally:
         driver.quit()

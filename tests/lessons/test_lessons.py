@@ -168,8 +168,8 @@ def test_confirm_target_fails_when_a_crossing_between_evaluations_counts(monkeyp
 
     real = target.meets
 
-    def lenient(metrics, metric, threshold, targets=None):  # 0.3 of slack: "nearly there"
-        return real(metrics, metric, threshold + 0.3, targets)
+    def lenient(metrics, metric, threshold, targets=None, confirm_by="threshold"):  # slack
+        return real(metrics, metric, threshold + 0.3, targets, confirm_by)  # "nearly there"
 
     monkeypatch.setattr(target, "meets", lenient)
     result = confirm_target()

@@ -16,10 +16,17 @@ from ledgerlm.report.run.figures import BPB_UNIT, run_meta, sig, target_lines, x
 SHARE_OF_ITEMS = "fraction of items"  # the unit of an accuracy
 
 
-def task_title(metric: str) -> str:
-    """A task metric's axis title with its unit: ``arith exact_match (fraction of
-    items)``, ``story bits per byte (bit/byte)`` (raw text: escape it where placed)."""
+TITLE_NAME = 16  # characters of a task's name in an axis title, which runs the height
+
+
+def task_title(metric: str, cut: int | None = None) -> str:
+    """A task metric's title with its unit: ``arith exact_match (fraction of items)``,
+    ``story bits per byte (bit/byte)``; with ``cut``, a longer name cut to that many
+    characters (an axis title runs the figure's height; the heading keeps the name
+    whole). Raw text: escape it where placed."""
     _, name, what = metric.split("/")
+    if cut is not None and len(name) > cut:
+        name = name[: cut - 1] + "…"
     if what == "bpb":
         return f"{name} bits per byte ({BPB_UNIT})"
     return f"{name} {what} ({SHARE_OF_ITEMS})"
@@ -123,5 +130,9 @@ def task_figure(
     shapes = target_lines(thresholds, f"target {sign}")
     return figure(
         data,
-        layout(axis(x_title, rangemode="tozero"), axis(t(task_title(metric))), shapes=shapes),
+        layout(
+            axis(x_title, rangemode="tozero"),
+            axis(t(task_title(metric, TITLE_NAME))),
+            shapes=shapes,
+        ),
     )

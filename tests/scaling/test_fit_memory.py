@@ -1,6 +1,6 @@
 """The fit in bounded memory: the grid search streams over blocks of points and the
 objective over passes of points, with the results of the direct sums (to float
-rounding: 1e-13 relative; bitwise on the reference table), and a CSV table is read
+rounding: 1e-13 relative; the reference fit as it was), and a CSV table is read
 into numbers, not held as text."""
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ TRUE = LawParams(E=1.8, A=450.0, B=2100.0, alpha=0.34, beta=0.37)
 # ScalingLaw().fit on the 240 reference points and bootstrap(seed=0), computed before the
 # grid search and the objective streamed over the points (then: every grid point against
 # every point at once): theta = (e, a, b, alpha, beta), the objective, the first refits.
+# The minimum is flat: another numpy/scipy build rounds the sums otherwise and L-BFGS-B
+# stops 2e-9 (relative) away in theta (1.5e-6 in a bootstrap refit's A) at the same
+# objective, so theta is held to 1e-7 and the refits to 1e-5; a different start, grid,
+# resample or objective moves them by orders of magnitude more.
 PINNED_THETA = [
     0.5973068147503956,
     6.169246376250404,
@@ -93,11 +97,11 @@ def test_the_objective_in_passes_equals_one_pass(weighted):
 
 def test_the_reference_fit_is_what_it_was():
     law = ScalingLaw().fit(*reference_points())
-    np.testing.assert_allclose(law.theta_, PINNED_THETA, rtol=1e-12)
+    np.testing.assert_allclose(law.theta_, PINNED_THETA, rtol=1e-7)
     assert law.loss_ == pytest.approx(PINNED_LOSS, rel=1e-12)
     samples = law.bootstrap(2, seed=0).samples
-    np.testing.assert_allclose(samples[:, :4], PINNED_BOOT, rtol=1e-10)
-    np.testing.assert_allclose(samples[:, 4], PINNED_BOOT_BETA, rtol=1e-10)
+    np.testing.assert_allclose(samples[:, :4], PINNED_BOOT, rtol=1e-5)
+    np.testing.assert_allclose(samples[:, 4], PINNED_BOOT_BETA, rtol=1e-5)
 
 
 def _peak(fn) -> int:

@@ -80,8 +80,8 @@ def _recipe(tree: dict) -> Recipe:
     return Recipe.model_validate(tree)
 
 
-# bf16 matmuls on a CPU without AVX-512 BF16 are emulated: 199 s on such a machine, a
-# few seconds on one that has them
+# bf16 matmuls on a CPU without AVX-512 BF16 are emulated: 199 s on such a 2-core
+# machine, 176 s on CI's
 SLOW = {"wide, muon, bf16, checkpointed"}
 
 

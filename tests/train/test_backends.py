@@ -37,9 +37,12 @@ def tf32_flags():
 
 @pytest.fixture
 def no_nccl(monkeypatch):
-    """No NCCL_* variable in this process; whatever the test sets is removed after it."""
+    """No NCCL_* variable in this process; whatever the test sets is removed after it,
+    also what the code under test writes into ``os.environ`` itself (each name is set
+    once through monkeypatch first, so that its undo restores the name's absence)."""
     for name in [k for k in os.environ if k.startswith("NCCL_")] + list(NCCL_PINNED):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     return monkeypatch
 
 

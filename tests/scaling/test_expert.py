@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from ledgerlm.scaling.diagnose import diagnose
-from ledgerlm.scaling.fit import ScalingLaw
-from ledgerlm.scaling.law import LawParams
+from ledgerlm.scaling.fit import EXPONENT_MAX, LOG_SCALE_MAX, ScalingLaw
+from ledgerlm.scaling.law import NAMES, LawParams
 from ledgerlm.scaling.replicates import group_ids, reduce_replicates
 from ledgerlm.scaling.table import drop_top_loss, load_epoch_chinchilla, read_points
 from reference_data import REFERENCE_CSV, reference_points
@@ -135,19 +135,47 @@ def test_a_non_finite_interval_is_never_identified():
         assert by[name].status == "degenerate", by[name]
         assert f"its interval [{lo:.3g}, {hi:.3g}] is not finite" in by[name].reasons[0]
     assert by["beta"].status == "identified" and d.status == "degenerate"
-    # six points, one with a loss of 1e300: refits overflow A = e^a, the percentile
-    # between two infinite refits is nan (measured: A in [6.4e-08, nan])
+
+
+def test_a_fit_or_interval_on_the_edge_of_the_searched_box_is_degenerate():
+    # six points, one with a loss of 1e300: unbounded, the refits overflowed A = e^a
+    # (A in [6.4e-08, nan]); in the box, refits run to its edges instead
     rng = np.random.default_rng(6)
     N, D = np.logspace(7, 9, 6), np.logspace(9, 11, 6)[rng.permutation(6)]
     loss = TRUE.predict(N, D) * np.exp(rng.normal(0, 0.01, 6))
     loss[3] = 1e300
     law = ScalingLaw().fit(N, D, loss)
-    with np.errstate(over="ignore", invalid="ignore"):
-        found = law.bootstrap(100).intervals()
-    unbounded = [k for k, v in found.items() if not np.isfinite(v).all()]
-    assert unbounded, found
+    found = law.bootstrap(100).intervals()
+    assert all(np.isfinite(v).all() for v in found.values()), found
+    assert found["alpha"][1] == EXPONENT_MAX  # some refits ran to the largest exponent
     by = {c.name: c for c in diagnose(law.params_, loss.min(), found).params}
-    assert all(by[k].status == "degenerate" for k in unbounded), [by[k] for k in unbounded]
+    assert by["alpha"].status == "degenerate", by["alpha"]
+    assert "reaches the edge of the searched box (alpha = 5, the highest" in by["alpha"].reasons[0]
+    # an estimate on an edge (an exponent at 0 or 5, log A at its largest)
+    on_edge = LawParams(E=1.7, A=float(np.exp(LOG_SCALE_MAX)), B=410.0, alpha=0.0, beta=5.0)
+    by = {c.name: c for c in diagnose(on_edge, 1.9).params}
+    statuses = [by[k].status for k in NAMES]
+    assert statuses == ["identified", "degenerate", "identified", "degenerate", "degenerate"]
+    assert "the fit ran to the edge of the searched box (a = 300, the highest" in by["A"].reasons[0]
+    assert "(alpha = 0, the lowest searched)" in by["alpha"].reasons[0]
+    assert "(beta = 5, the highest searched)" in by["beta"].reasons[0]
+
+
+def test_points_that_do_not_determine_the_law_give_a_finite_degenerate_fit():
+    # the 3 x 2 tiny sweep's final losses (tests/e2e/test_scale.py): the loss at the
+    # middle size is the lowest, so the objective keeps falling towards a step between
+    # sizes (unbounded: alpha -> 41, beta -> 106, B = e^1053 overflows to inf)
+    N = np.repeat([52_368.0, 83_136.0, 133_440.0], 2)
+    D = np.tile([20_480.0, 40_960.0], 3)
+    loss = np.array([5.59474741, 5.24198041, 5.50691822, 5.17903946, 5.51404961, 5.23190554])
+    law = ScalingLaw().fit(N, D, loss)
+    assert np.isfinite(law.params_.as_array()).all() and np.isfinite(law.predict(N, D)).all()
+    assert law.params_.alpha == EXPONENT_MAX
+    found = law.bootstrap(20).intervals()
+    d = diagnose(law.params_, loss.min(), found)
+    assert d.status == "degenerate"
+    by = {c.name: c for c in d.params}
+    assert "ran to the edge of the searched box (alpha = 5" in by["alpha"].reasons[0]
 
 
 def test_wide_intervals_and_grid_edges_are_weak():

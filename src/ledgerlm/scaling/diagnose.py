@@ -10,6 +10,9 @@ Per parameter of L = E + A N^-alpha + B D^-beta, from the fit and its bootstrap:
     exponents absorb it.
   - An exponent whose bootstrap interval reaches 0 or below: the data do not show
     the loss falling with that axis.
+  - An estimate on an edge of the box the optimizer searches (``fit.BOUNDS``: an
+    exponent at 0 or at ``EXPONENT_MAX``, log A or log B at ``LOG_SCALE_MAX``): the
+    objective kept falling towards the edge, so the points do not bound it.
 - **weakly identified**: determined, but loosely.
   - The bootstrap interval's ends differ by more than ``SPAN`` times (10x for E, two
     orders of magnitude for the scale factors A and B) or by more than a factor
@@ -33,6 +36,7 @@ from ledgerlm.scaling.law import NAMES, LawParams
 E_FLOOR = 1e-3  # E below this share of the lowest observed loss: not identified
 SPAN = {"E": 10.0, "A": 100.0, "B": 100.0}  # interval hi / lo above this: weakly identified
 EXPONENT_SPAN = 3.0  # interval hi / lo of alpha or beta above this: weakly identified
+EDGE = 1e-4  # an estimate this close to an edge of the search box (in theta) is on it
 ORDER = ("identified", "weakly identified", "degenerate")
 
 # where each parameter lives in the optimizer's theta (logs of E, A, B; exponents as is)
@@ -80,6 +84,22 @@ def _ratio(lo: float, hi: float) -> float:
     return hi / lo if lo > 0 else float("inf")
 
 
+def _edge(name: str, value: float) -> str | None:
+    """``value`` on an edge of the optimizer's box (``fit.BOUNDS``) in theta terms, e.g.
+    "alpha = 5, the highest searched"; None when it is inside (E's e is unbounded)."""
+    from ledgerlm.scaling.fit import BOUNDS
+
+    key, to_theta = _THETA.get(name, (name, float))
+    if name == "E" or not np.isfinite(value) or (key != name and not value > 0):
+        return None
+    t = float(to_theta(value))
+    lo, hi = BOUNDS[NAMES.index(name)]  # theta's order is NAMES's
+    for end, side in ((lo, "lowest"), (hi, "highest")):
+        if end is not None and abs(t - end) <= EDGE * max(1.0, abs(end)):
+            return f"{key} = {end:g}, the {side} searched"
+    return None
+
+
 def diagnose(
     params: LawParams,
     min_loss: float,
@@ -97,6 +117,9 @@ def diagnose(
     for name in NAMES:
         value = float(values[name])
         degenerate, weak = [], []
+        edge = _edge(name, value)
+        if edge:
+            degenerate.append(f"the fit ran to the edge of the searched box ({edge})")
         if name == "E" and value < E_FLOOR * min_loss:
             degenerate.append(
                 f"E = {value:.3g} is ~0 (below {E_FLOOR:g} x the lowest loss "
@@ -107,6 +130,11 @@ def diagnose(
             if not (np.isfinite(lo) and np.isfinite(hi)):
                 degenerate.append(
                     f"its interval [{lo:.3g}, {hi:.3g}] is not finite: bootstrap refits diverged"
+                )
+            elif not edge and _edge(name, hi):  # the one lower edge, 0, is judged below
+                degenerate.append(
+                    f"its interval [{lo:.3g}, {hi:.3g}] reaches the edge of the searched box "
+                    f"({_edge(name, hi)}): bootstrap refits ran off"
                 )
             elif name == "E" and not degenerate and lo < E_FLOOR * min_loss:
                 degenerate.append(

@@ -56,6 +56,24 @@ HOFFMANN_GRID: dict[str, np.ndarray] = {
 # Tight L-BFGS-B settings for the full fit and the bootstrap refits.
 TIGHT = {"ftol": 1e-15, "gtol": 1e-10, "maxiter": 20_000, "maxfun": 40_000}
 
+# The box L-BFGS-B searches, in theta order (e, a, b, alpha, beta). On points that do
+# not determine the law (few sizes, noisy losses) the Huber objective keeps falling
+# towards an infinite exponent: A N^-alpha turns into a step between two sizes, and
+# exp(a), exp(b) overflow. The exponents stay in [0, EXPONENT_MAX]: a negative one is a
+# loss that rises with scale, and published language-model exponents lie in 0.05-0.8
+# (the grid's largest is 2), so a fit at 5 says the points do not bound it; a and b stay
+# below LOG_SCALE_MAX, where A = e^300 is finite and A N^-alpha with it. A parameter
+# that ends on an edge of the box is reported as degenerate (``diagnose``), not fitted.
+EXPONENT_MAX = 5.0
+LOG_SCALE_MAX = 300.0
+BOUNDS = (
+    (None, None),
+    (None, LOG_SCALE_MAX),
+    (None, LOG_SCALE_MAX),
+    (0.0, EXPONENT_MAX),
+    (0.0, EXPONENT_MAX),
+)
+
 # Points per pass of the objective, and (point, grid point) pairs per block of the grid
 # search: the memory of a fit does not grow with its number of points. A pass's arrays
 # (64 KB) stay under glibc's threshold for mapping memory afresh: at 32,768 points each
@@ -233,7 +251,7 @@ def _one_blas_thread():
 
 
 def _lbfgs(fun, x0, args, options) -> tuple[np.ndarray, float, int]:
-    res = minimize(fun, x0, args=args, jac=True, method="L-BFGS-B", options=options)
+    res = minimize(fun, x0, args=args, jac=True, method="L-BFGS-B", bounds=BOUNDS, options=options)
     return np.asarray(res.x, dtype=np.float64), float(res.fun), int(res.nit)
 
 

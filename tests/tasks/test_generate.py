@@ -101,10 +101,14 @@ def test_a_row_that_ended_keeps_its_tokens_while_its_batch_goes_on(wild, tok, sp
     assert batched[0] == free[0][: free[0].index(eos) + 1] and batched[1:] == free[1:]
 
 
-def test_cut_is_at_the_first_of_any_stop_string():
+def test_cut_is_at_each_stop_string_in_turn_as_the_harness_cuts():
     assert cut("a\nb.c\n", ["\n"]) == "a"
     assert cut("ab.c\nd", ["\n", "."]) == "ab"
     assert cut("abc", ["", "x"]) == "abc"
+    # overlapping stop strings: their order decides, as in lm-evaluation-harness's
+    # generate_until (text.split(s)[0] for each s in turn), not the earliest match
+    assert cut("Answer: 42 B: x", ["B:", "42 B"]) == "Answer: 42 "
+    assert cut("abc", ["bc", "ab"]) == "a"
 
 
 def test_exact_match_strips_both_sides(tmp_path, wild, tok, specials):

@@ -25,12 +25,16 @@ GOOD = {"context": "c", "choices": ["a", "b"], "gold": 1}
         ({"context": "c", "gold": 0}, "missing field 'choices'"),
         ({"context": "c", "choices": ["a"]}, "missing field 'gold'"),
         ({"context": 3, "choices": ["a"], "gold": 0}, "field 'context' must be a string, not int"),
-        ({"context": "c", "choices": [], "gold": 0}, "must be a non-empty list of strings"),
-        ({"context": "c", "choices": "ab", "gold": 0}, "must be a non-empty list of strings"),
+        ({"context": "c", "choices": [], "gold": 0}, "list of strings, not an empty list"),
+        ({"context": "c", "choices": "ab", "gold": 0}, "list of strings, not str"),
+        ({"context": "c", "choices": {"text": ["a"]}, "gold": 0}, "list of strings, not dict"),
         ({"context": "c", "choices": ["a", 2], "gold": 0}, "choice 1 must be a string, not int"),
         ({"context": "c", "choices": ["a", ""], "gold": 0}, "choice 1 is empty"),
-        ({"context": "c", "choices": ["a"], "gold": True}, "must be an integer index, not bool"),
-        ({"context": "c", "choices": ["a"], "gold": 1.0}, "must be an integer index, not float"),
+        ({"context": "c", "choices": ["a"], "gold": True}, "index of the choices, not bool true"),
+        ({"context": "c", "choices": ["a"], "gold": 1.0}, "index of the choices, not float 1.0"),
+        ({"context": "c", "choices": ["a"], "gold": "A"}, 'index of the choices, not str "A"'),
+        ({"context": "c", "choices": ["a"], "gold": "-1"}, 'index of the choices, not str "-1"'),
+        ({"context": "c", "choices": ["a", "b"], "gold": "2"}, "gold' = 2 is not an index of 2"),
         ({"context": "c", "choices": ["a", "b"], "gold": 2}, "gold' = 2 is not an index of 2"),
         ({"context": "c", "choices": ["a", "b"], "gold": -1}, "gold' = -1 is not an index of 2"),
     ],
@@ -61,6 +65,27 @@ def test_answer_records_name_their_configured_fields(tmp_path, kind):
         ("sat",),
         "sat",
     )
+
+
+def test_a_gold_index_written_as_digits_is_read_as_the_harness_reads_it(tmp_path):
+    # Hugging Face's HellaSwag: {"ctx": ..., "endings": [...], "label": "3"}
+    record = {"ctx": "c", "endings": ["a", "b", "c", "d"], "label": "3"}
+    path = write_jsonl(tmp_path / "hs.jsonl", [record])
+    cfg = TaskConfig(
+        name="hs", path="hs", kind="choice", context_field="ctx", choices_field="endings",
+        gold_field="label",
+    )  # fmt: skip
+    (item,) = load_task(cfg, path).items
+    assert (item.gold, item.answer) == (3, "d")
+
+
+def test_a_few_shot_example_without_an_answer_is_refused(tmp_path):
+    records = [{"context": "q", "answer": "", "split": "train"}, {"context": "c", "answer": "x"}]
+    path = write_jsonl(tmp_path / "t.jsonl", records)
+    cfg = TaskConfig(name="t", path="t", kind="exact")
+    assert len(load_task(cfg, path).items) == 1  # no shots: the pool is never shown
+    with pytest.raises(TaskFileError, match=rf"^{path}:1: a few-shot example needs an answer"):
+        load_task(cfg.model_copy(update={"few_shot": 1}), path)
 
 
 def test_a_bpb_record_of_no_bytes_is_refused(tmp_path):

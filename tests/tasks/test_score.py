@@ -18,7 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from task_fixtures import ANSWERS, CHOICE, task
 
+from ledgerlm.lab.skeleton import check_task_lengths
 from ledgerlm.model.decode import full_logits
+from ledgerlm.tasks.encoding import encode_pair
 from ledgerlm.tasks.score import (
     Ranks,
     batches,
@@ -177,6 +179,9 @@ def test_requests_run_longest_first_rows_to_a_batch(tok, specials, choice_task):
     )
 
 
+GOOD_BPB = {"context": "the cat sat on the", "answer": " mat"}
+
+
 def test_what_cannot_be_scored_is_refused(tmp_path, model, tok, specials, choice_task):
     ts = task(tmp_path / "e.jsonl", [{"context": "", "answer": "mat"}], "bpb")
     score_task(model, ts, tok, specials["bos"], seq_len=SEQ)  # BOS is the context
@@ -187,8 +192,31 @@ def test_what_cannot_be_scored_is_refused(tmp_path, model, tok, specials, choice
         ValueError, match=r"line 1: a continuation of \d+ tokens does not fit seq_len 64"
     ):
         score_task(model, long, tok, specials["bos"], seq_len=SEQ)
+    # "hel" + "lo": the whole's tokens after the context's count leave the continuation
+    # none of its own (a merge spans the two); scored on no tokens it would have
+    # probability 1 and win every comparison
+    ctx, cont = encode_pair(tok, "the cat sat on the m", "at")
+    assert cont == [] and ctx
+    merged = task(
+        tmp_path / "m.jsonl",
+        [{"context": "the cat sat on the m", "choices": ["at", "x"], "gold": 1}],
+        "choice",
+        delimiter="",
+    )
+    with pytest.raises(ValueError, match=r"line 1: choice 0 \('at'\) has no token of its own"):
+        score_task(model, merged, tok, specials["bos"], seq_len=SEQ)
     with pytest.raises(ValueError, match="2 ranks need an all_reduce"):
         score_task(model, choice_task, tok, specials["bos"], seq_len=SEQ, ranks=Ranks(0, 2))
+
+
+def test_a_run_refuses_a_continuation_of_no_tokens_before_training(tmp_path, tok):
+    # the check a run makes as it resolves its tasks (and ledgerlm eval before the lock)
+    records = [GOOD_BPB, {"context": "the cat sat on the m", "answer": "at"}]
+    merged = task(tmp_path / "m.jsonl", records, "bpb", delimiter="")
+    path = tmp_path / "m.jsonl"
+    with pytest.raises(ValueError, match=rf"^{path}:2: the answer \('at'\) has no token"):
+        check_task_lengths([merged], tok, SEQ)
+    check_task_lengths([task(path, [GOOD_BPB], "bpb", delimiter="")], tok, SEQ)
 
 
 def _rank(model, ts, tok, bos, rank, size, reduce=lambda x: x, sharded=False, rows=2):

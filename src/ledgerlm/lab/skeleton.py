@@ -33,6 +33,7 @@ from ledgerlm.ledger.store import LedgerBusyError, LedgerError
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.tasks.encoding import encode_pair
 from ledgerlm.tasks.items import TaskSet, load_task
+from ledgerlm.tasks.score import no_tokens_of_its_own
 from ledgerlm.tokens.packing import Batch
 from ledgerlm.tokens.shards import TokenStore, build_tokens
 from ledgerlm.train.checkpointing import checkpointer
@@ -141,16 +142,19 @@ def check_task_files(recipe: Recipe) -> None:
 
 def check_task_lengths(tasks: Sequence[TaskSet], tokenizer: Tokenizer, seq_len: int) -> None:
     """Every continuation a likelihood task scores (choice, bpb) fits ``seq_len`` tokens
-    as the scorer cuts it (``tasks.encoding.encode_pair``); the scorer would refuse a
-    longer one only at the first evaluation, after training began (and under
-    ``torchrun`` on the one rank holding the item, the others waiting for it). One line
-    naming the file and the record's line."""
+    as the scorer cuts it (``tasks.encoding.encode_pair``) and has at least one token of
+    its own (``tasks.score.no_tokens_of_its_own``); the scorer would refuse either only
+    at the first evaluation, after training began (and under ``torchrun`` on the one
+    rank holding the item, the others waiting for it). One line naming the file and the
+    record's line."""
     for task in tasks:
         if task.kind == "exact":
             continue
         for item in task.items:
-            for continuation in item.continuations:
+            for j, continuation in enumerate(item.continuations):
                 _, tokens = encode_pair(tokenizer, item.context, continuation)
+                if not tokens:
+                    raise ValueError(f"{task.path}:{item.line}: {no_tokens_of_its_own(item, j)}")
                 if len(tokens) > seq_len:
                     raise ValueError(
                         f"{task.path}:{item.line}: a continuation of {len(tokens)} tokens "

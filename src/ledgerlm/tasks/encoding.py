@@ -4,9 +4,11 @@
 continuation (so " Paris" is scored as the word it is, not a lone space and "Paris"),
 ``context + continuation`` is encoded whole and the context alone, and the
 continuation's tokens are the whole's after as many tokens as the context alone has.
-Where a merge spans the boundary that count decides which side the token falls on (it
-may even leave the continuation without a token of its own, scored 0), as in the
-harness; scoring in process and through the harness therefore reads the same tokens.
+Where a merge spans the boundary that count decides which side the token falls on, as
+in the harness; scoring in process and through the harness therefore reads the same
+tokens. It may leave the continuation without a token of its own ("hel" + "lo"): such
+an item is refused (``tasks.score.no_tokens_of_its_own``), as the harness refuses it,
+since a continuation scored on no tokens would have probability 1.
 """
 
 from __future__ import annotations

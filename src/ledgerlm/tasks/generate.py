@@ -9,9 +9,8 @@ row's tokens are those up to the step it ended at, whatever the rest of its batc
 so an item's generation does not depend on the items batched with it.
 
 The text is the generated tokens decoded alone (special tokens skipped, as the harness's
-``tok_decode``), up to ``eos``, cut at the first occurrence of any stop string (the
-harness splits at each stop string in turn: the same cut); ``exact_match`` compares it
-with the answer, both stripped.
+``tok_decode``), up to ``eos``, cut at each stop string in turn (``cut``, as the
+harness splits it); ``exact_match`` compares it with the answer, both stripped.
 
 The token ids come back as a zero-filled (items, max_new_tokens) float64 table of
 id + 1 (0: no token) holding the items asked for (a rank's r::size), which the scorer
@@ -34,9 +33,13 @@ from ledgerlm.tasks.items import TaskSet
 
 
 def cut(text: str, stop: Sequence[str]) -> str:
-    """``text`` up to the first occurrence of any (non-empty) stop string."""
-    ends = [i for s in stop if s and (i := text.find(s)) >= 0]
-    return text[: min(ends)] if ends else text
+    """``text`` cut at each (non-empty) stop string in turn, before its first
+    occurrence, as lm-evaluation-harness cuts a generation: where two stop strings
+    overlap ("42 B" and "B:" in "42 B: x") their order decides."""
+    for s in stop:
+        if s:
+            text = text.split(s, 1)[0]
+    return text
 
 
 def _ended(ids: list[int], tokenizer: Tokenizer, stop: Sequence[str], eos: int | None) -> bool:

@@ -1,7 +1,8 @@
 """A task file's records as the items one evaluation scores.
 
 A task file is JSONL, one record an object, blank lines skipped. A ``choice`` record
-holds a context, a non-empty list of choice strings and the gold index; an ``exact`` or
+holds a context, a non-empty list of choice strings and the gold index (an integer, or a
+string of digits as Hugging Face's HellaSwag writes it); an ``exact`` or
 ``bpb`` record a context and an answer (the field names are the task's, ``TaskConfig``).
 Records whose ``split_field`` is ``"train"`` are the few-shot pool and are never
 scored; the others are scored in file order, the first ``limit`` of them when it is set.
@@ -99,6 +100,12 @@ def _type(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
+def _shown(value: Any, most: int = 40) -> str:
+    """A value as JSON, cut to ``most`` characters, for an error line."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= most else text[: most - 3] + "..."
+
+
 def _record(cfg: TaskConfig, raw: Any, line: int, fail: Callable[[str], NoReturn]) -> _Record:
     """One parsed line as a record of the task's kind; ``fail(reason)`` raises."""
     if not isinstance(raw, dict):
@@ -115,7 +122,8 @@ def _record(cfg: TaskConfig, raw: Any, line: int, fail: Callable[[str], NoReturn
     if kind == "choice":
         choices, gold = raw[cfg.choices_field], raw[cfg.gold_field]
         if not isinstance(choices, list) or not choices:
-            fail(f"field {cfg.choices_field!r} must be a non-empty list of strings")
+            got = "an empty list" if isinstance(choices, list) else _type(choices)
+            fail(f"field {cfg.choices_field!r} must be a non-empty list of strings, not {got}")
         for i, choice in enumerate(choices):
             if not isinstance(choice, str):
                 fail(
@@ -123,8 +131,13 @@ def _record(cfg: TaskConfig, raw: Any, line: int, fail: Callable[[str], NoReturn
                 )
             if not choice:  # acc_norm divides by its length
                 fail(f"field {cfg.choices_field!r}: choice {i} is empty")
+        if isinstance(gold, str) and gold.isascii() and gold.isdigit():
+            gold = int(gold)  # "3", as Hugging Face's HellaSwag writes it: the harness's reading
         if isinstance(gold, bool) or not isinstance(gold, int):
-            fail(f"field {cfg.gold_field!r} must be an integer index, not {_type(gold)}")
+            fail(
+                f"field {cfg.gold_field!r} must be a 0-based index of the choices, not "
+                f"{_type(gold)} {_shown(gold)}"
+            )
         if not 0 <= gold < len(choices):
             fail(f"field {cfg.gold_field!r} = {gold} is not an index of {len(choices)} choices")
         answers = tuple(choices)
@@ -188,6 +201,12 @@ def load_task(cfg: TaskConfig, path: Path) -> TaskSet:
             f"few_shot = {k} needs {k} records with {cfg.split_field} = 'train'; "
             f"the file has {len(pool)}",
         )
+    if k:
+        for r in pool:
+            if not r.target:  # the harness would show its context alone: another prompt
+                raise TaskFileError(
+                    path, r.line, "a few-shot example needs an answer (this one is empty)"
+                )
     if cfg.limit:
         scored = scored[: cfg.limit]
     items = []

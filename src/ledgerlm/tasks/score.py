@@ -92,6 +92,19 @@ class Request:
     scored: int
 
 
+def no_tokens_of_its_own(item: Item, j: int) -> str:
+    """Why continuation ``j`` of ``item`` cannot be scored: encoded after its context it
+    has no token of its own (a merge spans the boundary, as "hel" + "lo" or "42" after
+    "= 4"), so its log-likelihood would be 0 (probability 1) and it would win every
+    comparison. lm-evaluation-harness refuses such a request too (an assertion)."""
+    which = f"choice {j}" if len(item.choices) > 1 else "the answer"
+    which += f" ({item.choices[j]!r})"
+    return (
+        f"{which} has no token of its own after the context (a token spans the two); "
+        "set the task's delimiter (a space, a newline) between them"
+    )
+
+
 def requests(
     items: Sequence[Item], tokenizer: Tokenizer, bos: int | None, seq_len: int, mine: range
 ) -> list[Request]:
@@ -107,6 +120,8 @@ def requests(
                 raise ValueError(
                     f"line {item.line}: an empty context needs a BOS token to condition on"
                 )
+            if not cont:
+                raise ValueError(f"line {item.line}: {no_tokens_of_its_own(item, j)}")
             if len(cont) > seq_len:
                 raise ValueError(
                     f"line {item.line}: a continuation of {len(cont)} tokens does not fit "

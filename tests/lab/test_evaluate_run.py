@@ -22,7 +22,7 @@ from ledgerlm.lab.evaluate_run import evaluate_run, read_tasks_file
 from ledgerlm.lab.run import run_recipe
 from ledgerlm.lab.skeleton import run_lock
 from ledgerlm.ledger.coverage import phase_coverage
-from ledgerlm.ledger.store import Ledger, LedgerError
+from ledgerlm.ledger.store import Ledger, LedgerBusyError, LedgerError
 from ledgerlm.workspace import Workspace
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.toml"
@@ -239,6 +239,31 @@ def test_an_interrupted_scoring_leaves_the_ledger_as_it_was(ws):
     assert _rows(ws) == before  # no eval_after phase, open or closed
 
 
+def test_an_evaluation_that_cannot_be_written_leaves_no_phase_behind(ws, monkeypatch):
+    """The eval_after phase and its evaluation are one transaction: the evaluation's
+    insert failing (a ledger held past its timeout) takes the phase back with it."""
+    ws, run_id = ws
+    before = _rows(ws)
+
+    def busy(self, *args, **kwargs):
+        raise LedgerBusyError(f"{ws.ledger_path}: database is locked")
+
+    monkeypatch.setattr(Ledger, "add_evaluation", busy)
+    with pytest.raises(LedgerBusyError):
+        evaluate_run(ws, run_id, tasks=["t-bpb"])
+    assert _rows(ws) == before
+
+
+def test_a_save_killed_between_its_renames_is_scored_from_the_checkpoint_it_kept(ws):
+    """The checkpoint moved aside as a save does before renaming the new one in, and
+    the save killed there: the run resumes from it, and ledgerlm eval scores it too."""
+    ws, run_id = ws
+    folder = ws.run_dir(run_id) / "checkpoint"
+    folder.rename(folder.parent / ".checkpoint.previous")
+    result = evaluate_run(ws, run_id, tasks=["t-bpb"])
+    assert result.loop_snapshot is True  # the weights the loop scored at that step
+
+
 def test_a_task_file_changed_since_the_run_started_is_refused(ws, made, tmp_path):
     """The run's own task file rewritten (its items reordered), and a tasks file whose
     task takes one of the run's task names for another file: both would score other
@@ -271,6 +296,48 @@ def test_a_task_file_changed_since_the_run_started_is_refused(ws, made, tmp_path
     toml.write_text(fewer)
     line = f"{path}: task 't-choice' gives 3 items, where run {run_id} scored 12 of the same"
     with pytest.raises(ValueError, match=f"^{re.escape(line)}"):
+        evaluate_run(ws, run_id, tasks=[str(toml)])
+    assert _rows(ws) == before
+
+
+def test_a_table_of_a_run_task_s_name_scored_otherwise_is_refused(ws, made, tmp_path):
+    """The run's own file under its name, but with few-shot examples, another delimiter
+    or another generation length: other prompts or other scores under the run's metric
+    keys; one line naming what differs, and nothing written. Its path and limit may
+    differ (the sha256 and the item count say whether it is the same items)."""
+    ws, run_id = ws
+    before = _rows(ws)
+    choice, exact = made[0] / "choice.jsonl", made[0] / "exact.jsonl"
+    toml = tmp_path / "same-name.toml"
+    for name, table, differs in [
+        ("t-choice", f'name = "t-choice"\npath = "{choice}"\nkind = "choice"\ndelimiter = ""\n',
+         "delimiter = '' (the run's: ' ')"),
+        ("t-exact", f'name = "t-exact"\npath = "{exact}"\nkind = "exact"\n',
+         "max_new_tokens = 16 (the run's: 3)"),
+        ("t-exact", f'name = "t-exact"\npath = "{exact}"\nkind = "bpb"\nmax_new_tokens = 3\n',
+         "kind = 'bpb' (the run's: 'exact')"),
+    ]:  # fmt: skip
+        toml.write_text("[[tasks]]\n" + table)
+        line = f"{toml}: task {name!r} is one of run {run_id}'s tasks, "
+        line += f"scored under its metric keys, but is not scored as the run scores it: {differs}"
+        with pytest.raises(ValueError, match=f"^{re.escape(line)}; give it another name$"):
+            evaluate_run(ws, run_id, tasks=[str(toml)])
+    assert _rows(ws) == before
+    # the same scoring from another path to the same file, and a limit of its own
+    toml.write_text(
+        f'[[tasks]]\nname = "t-exact"\npath = "{made[0] / "." / "exact.jsonl"}"\n'
+        'kind = "exact"\nmax_new_tokens = 3\nlimit = 12\n'
+    )
+    assert evaluate_run(ws, run_id, tasks=[str(toml)]).metrics["task/t-exact/items"] == 12
+
+
+def test_a_continuation_that_does_not_fit_is_refused_before_the_model_loads(ws, tmp_path):
+    ws, run_id = ws
+    before = _rows(ws)
+    long = _write(tmp_path / "long.jsonl", [{"context": "def", "answer": " x" * 200}])
+    toml = tmp_path / "long.toml"
+    toml.write_text(f'[[tasks]]\nname = "long"\npath = "{long}"\nkind = "bpb"\n')
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(long))}:1: a continuation of \d+"):
         evaluate_run(ws, run_id, tasks=[str(toml)])
     assert _rows(ws) == before
 

@@ -171,3 +171,29 @@ def test_an_asynchronous_evaluation_s_tasks_count_their_share_of_its_wait():
     found = task_seconds({"phases": phases})
     assert found == {"qa": 0.5 * 3.0 / 4.0 + 1.5, "ar": 0.25}
     assert sum(found.values()) <= sum(p["seconds"] for p in phases if p["kind"] == "eval")
+
+
+def test_a_runs_final_figures_are_its_own_not_an_evaluation_written_after_the_fact(
+    ledger: Ledger,
+) -> None:
+    """``ledgerlm eval`` writes a tasks-only evaluation at the checkpoint's step, after
+    the run's own: the final loss, its domains, a trial's metric and the report's final
+    line are still read from the run's own last evaluation."""
+    from ledgerlm.lab.tune.trial import final_metric
+    from ledgerlm.ledger.compare import final_domain_losses, final_value
+    from ledgerlm.ledger.target import last_in_the_run
+
+    evals = [{"loss": 1.5, "loss/code": 1.4}, {"loss": 1.25, "loss/code": 1.1}]
+    run = task_run(ledger, "r", evals=evals, after=[(200, accuracy("qa", "acc", 3, 4), False)])
+    summary = ledger.run_summary(run)
+    assert set(summary["evaluations"][-1]["metrics"]) >= {"task/qa/acc"}  # written last
+    assert last_in_the_run(summary)["metrics"]["loss"] == 1.25
+    assert final_value(summary) == 1.25
+    assert final_domain_losses(summary) == {"code": 1.1}
+    assert final_metric(summary, "loss") == 1.25
+    (figures,) = compare_runs([summary])["runs"]
+    assert figures["final_value"] == 1.25 and figures["final_domains"] == {"code": 1.1}
+    # an interrupted run: the checkpoint's step lies past the last evaluation of its own
+    later = task_run(ledger, "k", evals=evals, after=[(250, accuracy("qa", "acc", 3, 4), True)])
+    assert final_value(ledger.run_summary(later)) == 1.25
+    assert last_in_the_run({"phases": [], "evaluations": []}) is None

@@ -30,7 +30,9 @@ of its shards, ``train.snapshot``, and cannot be compared with one process's.)
 
 A task of the run's name (one of its own, or a ``[[tasks]]`` table of that name) scores
 under the run's metric keys, so its file must be the one the run started with: the
-same sha256 and item count as its first ``tasks`` event (``lab.skeleton.unchanged_tasks``).
+same sha256 and item count as its first ``tasks`` event (``lab.skeleton.unchanged_tasks``),
+and a ``[[tasks]]`` table of that name must score it as the run's recipe does (kind,
+few-shot draw, field names, delimiters, generation; only its path and limit may differ).
 ``limit`` only ever lowers a task's own limit.
 
 Everything that can be refused is refused before anything is written: a live run, no
@@ -61,9 +63,9 @@ from ledgerlm.extras import check
 from ledgerlm.lab.continued import find_version
 from ledgerlm.lab.export import load_run_model
 from ledgerlm.lab.harness import run_harness
-from ledgerlm.lab.skeleton import run_lock, unchanged_tasks
+from ledgerlm.lab.skeleton import check_task_lengths, run_lock, unchanged_tasks
 from ledgerlm.lab.status import interrupted
-from ledgerlm.lab.tasks import resolve_tasks, task_record
+from ledgerlm.lab.tasks import builtin_config, resolve_tasks, task_record
 from ledgerlm.ledger.store import Ledger, LedgerError, require_ledger
 from ledgerlm.ledger.target import EVAL_AFTER
 from ledgerlm.model.export import export_hf
@@ -135,7 +137,9 @@ def chosen_tasks(recipe: Recipe, selectors: Sequence[str], run_id: str) -> list[
     for selector in selectors:
         path = Path(selector)
         if path.is_file() or path.suffix == ".toml":
-            out.extend(read_tasks_file(path))
+            for cfg in read_tasks_file(path):
+                _scored_alike(cfg, own.get(cfg.name), path, run_id)
+                out.append(cfg)
         elif selector in own:
             out.append(own[selector])
         else:
@@ -151,6 +155,39 @@ def chosen_tasks(recipe: Recipe, selectors: Sequence[str], run_id: str) -> list[
     if twice:
         raise ArgumentError("{tasks}: task {names} given more than once", names=", ".join(twice))
     return out
+
+
+def _how_scored(cfg: TaskConfig) -> dict[str, Any]:
+    """What decides a task's prompts and scores beyond its file and limit (which
+    ``unchanged_tasks`` checks by the file's sha256 and the item count)."""
+    if cfg.builtin is not None:
+        cfg = builtin_config(cfg)
+    kind = cfg.task_kind
+    keys = ["builtin", "context_field", "split_field", "few_shot", "delimiter"]
+    keys += ["seed", "fewshot_delimiter"] if cfg.few_shot else []
+    keys += ["choices_field", "gold_field"] if kind == "choice" else ["answer_field"]
+    keys += ["max_new_tokens", "stop"] if kind == "exact" else []
+    return {"kind": kind} | {k: getattr(cfg, k) for k in keys}
+
+
+def _scored_alike(cfg: TaskConfig, own: TaskConfig | None, path: Path, run_id: str) -> None:
+    """A tasks file's table named as one of the run's tasks scores under the run's
+    metric keys, so it must build the same prompts and score them the same way (kind,
+    few-shot draw, field names, delimiters, generation); one line naming what differs."""
+    if own is None:
+        return
+    mine, theirs = _how_scored(cfg), _how_scored(own)
+    # another kind is the one difference worth naming: it scores other keys altogether
+    differ = (
+        ["kind"] if mine["kind"] != theirs["kind"] else [k for k in mine if mine[k] != theirs[k]]
+    )
+    if differ:
+        shown = ", ".join(f"{k} = {mine[k]!r} (the run's: {theirs[k]!r})" for k in differ)
+        raise ValueError(
+            f"{path}: task {cfg.name!r} is one of run {run_id}'s tasks, scored under its "
+            f"metric keys, but is not scored as the run scores it: {shown}; give it "
+            "another name"
+        )
 
 
 def _checkpoint_state(workspace: Workspace, run_id: str, step: int | None) -> dict[str, Any]:
@@ -217,6 +254,8 @@ def evaluate_run(
         cfgs = [c.model_copy(update={"limit": min(limit, c.limit or limit)}) for c in cfgs]
     store = TokenStore(find_version(workspace, "tokens", run["tokens_version"], verify=False).path)
     sets = resolve_tasks(cfgs, workspace, store, None)
+    # every continuation fits the model's context, as a run checks before training
+    check_task_lengths(sets, store.tokenizer, recipe.pack.seq_len)
     # a task of the run's name scores under its metric keys: the same file, or refused
     unchanged_tasks(before, sets, limit)
     names = [t.name for t in sets]
@@ -253,25 +292,26 @@ def evaluate_run(
             # this process held one device (the CPU), whatever the run trained on
             "device_seconds": took,
         }
-        phase_id = ledger.record_phase(
-            run_id, EVAL_AFTER, took, step_start=at, step_end=at, detail=detail
-        )
         counters = state.get("counters") or {}
-        evaluation_id = ledger.add_evaluation(
-            run_id,
-            step=at,
-            tokens=int(counters.get("tokens", 0)),
-            targets=int(counters.get("supervised_targets", 0)),
-            updates=int(counters.get("optimizer_updates", at)),
-            metrics=metrics,
-            snapshot=digest,
-            phase_id=phase_id,
-            consumed={
-                k.removeprefix("tokens/"): int(v)
-                for k, v in counters.items()
-                if k.startswith("tokens/")
-            },
-        )
+        with ledger.together():  # the phase and its evaluation, or neither
+            phase_id = ledger.record_phase(
+                run_id, EVAL_AFTER, took, step_start=at, step_end=at, detail=detail
+            )
+            evaluation_id = ledger.add_evaluation(
+                run_id,
+                step=at,
+                tokens=int(counters.get("tokens", 0)),
+                targets=int(counters.get("supervised_targets", 0)),
+                updates=int(counters.get("optimizer_updates", at)),
+                metrics=metrics,
+                snapshot=digest,
+                phase_id=phase_id,
+                consumed={
+                    k.removeprefix("tokens/"): int(v)
+                    for k, v in counters.items()
+                    if k.startswith("tokens/")
+                },
+            )
     checked = None if not recorded or _sharded(state) else True
     return AfterEval(
         run_id=run_id,

@@ -13,7 +13,7 @@ from ledgerlm.extras import check
 from ledgerlm.ledger.store import Ledger, require_ledger
 from ledgerlm.model.export import ExportError, check_target, export_hf
 from ledgerlm.model.gpt import GPT
-from ledgerlm.train.checkpoint import STATE, load_checkpoint
+from ledgerlm.train.checkpoint import STATE, load_checkpoint, resolve_checkpoint
 from ledgerlm.workspace import Workspace, read_json
 
 
@@ -46,7 +46,8 @@ def load_run_model(
         run_id = ledger.resolve_run(run_ref)
         tokens_version = ledger.run_summary(run_id)["run"]["tokens_version"]
     run_dir = workspace.run_dir(run_id)
-    checkpoint = run_dir / "checkpoint"
+    # a save killed between its renames leaves the checkpoint before it, as resume reads it
+    checkpoint = resolve_checkpoint(run_dir / "checkpoint")
     if tokens_version is None or not (checkpoint / STATE).is_file():
         raise ExportError(f"run {run_id} has no checkpoint to {purpose}")
     if before_load is not None:

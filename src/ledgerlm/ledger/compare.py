@@ -39,7 +39,7 @@ from ledgerlm.ledger.compare_tasks import (
     val_metric,
 )
 from ledgerlm.ledger.events import TEST_EVALUATION
-from ledgerlm.ledger.target import finite
+from ledgerlm.ledger.target import finite, last_in_the_run
 
 RULE = (
     "time-to-target = wall time of all phases up to the evaluation that confirms the "
@@ -220,21 +220,20 @@ def run_figures(summary: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def final_value(summary: Mapping[str, Any]) -> float | None:
-    """The target metric at the run's last evaluation: how far a run that did not reach
-    its target got."""
-    evaluations = summary.get("evaluations") or []
-    if not evaluations:
+    """The target metric at the run's own last evaluation: how far a run that did not
+    reach its target got."""
+    last = last_in_the_run(summary)
+    if last is None:
         return None
-    last = max(evaluations, key=lambda ev: ev["step"])["metrics"]
-    return finite(last.get(summary["run"].get("target_metric")))
+    return finite(last["metrics"].get(summary["run"].get("target_metric")))
 
 
 def final_domain_losses(summary: Mapping[str, Any]) -> dict[str, float | None]:
-    """Each domain's validation loss at the run's last evaluation (``loss/<domain>``)."""
-    evaluations = summary.get("evaluations") or []
-    if not evaluations:
+    """Each domain's validation loss at the run's own last evaluation (``loss/<domain>``)."""
+    found = last_in_the_run(summary)
+    if found is None:
         return {}
-    last = max(evaluations, key=lambda ev: ev["step"])["metrics"]
+    last = found["metrics"]
     return {k.split("/", 1)[1]: finite(v) for k, v in sorted(last.items()) if k.startswith("loss/")}
 
 

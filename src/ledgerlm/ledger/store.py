@@ -363,6 +363,13 @@ class Ledger:
                 raise self._error(exc) from None
             raise
 
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """The writes of the block in one transaction: all of them, or (on any error, an
+        interrupt too) none. The write lock is taken as the block starts."""
+        with self._write():
+            yield
+
     def _init_schema(self) -> None:
         """Create the tables, or bring a file written by older code up to this schema.
 

@@ -191,6 +191,16 @@ def in_the_run(
     return [ev for ev in evaluations if ev.get("phase_id") not in after]
 
 
+def last_in_the_run(summary: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The run's own last evaluation (the latest step; at one step the one written
+    last), never one written after the fact, which may hold task metrics alone: where a
+    run's final validation figures are read. None before its first evaluation."""
+    own = in_the_run(summary.get("phases") or [], summary.get("evaluations") or [])
+    # sorted() is stable: evaluations at the same step keep their given (id) order.
+    ordered = sorted(own, key=lambda ev: ev["step"])
+    return ordered[-1] if ordered else None
+
+
 def task_seconds(bill: Sequence[Mapping[str, Any]]) -> float | None:
     """The seconds the downstream tasks took within the ``eval`` phases of ``bill`` (their
     detail's ``task_seconds``, per task); None when none of them scored a task.

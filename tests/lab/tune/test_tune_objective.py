@@ -6,7 +6,10 @@ from ledgerlm.lab.tune import trial as tune_trial
 def test_a_target_accuracy_is_told_to_the_study_negated_so_minimising_is_better():
     def summary(acc: float, reached: bool) -> dict:
         verdict = {"reached": reached, "device_seconds": 50.0 if reached else None}
-        return {"evaluations": [{"metrics": {"task/q/acc": acc}}], "time_to_target": verdict}
+        return {
+            "evaluations": [{"step": 100, "metrics": {"task/q/acc": acc}}],
+            "time_to_target": verdict,
+        }
 
     metric = "task/q/acc"
     better, worse = summary(0.8, False), summary(0.6, False)

@@ -19,6 +19,7 @@ from ledgerlm.lab.mix_search.record import (
     write_event,
 )
 from ledgerlm.ledger.mixture import plan_event
+from ledgerlm.ledger.target import in_the_run, last_in_the_run
 from ledgerlm.mixture.doremi import ETA, SMOOTHING, doremi_update, excess_loss
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.train.distributed import one_process
@@ -102,9 +103,10 @@ def doremi_search(
     proxied = proxy_recipe(base, proxy)
     ref = continue_run(trial_recipe(proxied, f"{search_id}-ref", "natural"), workspace, progress)
     clock.trained(ref)
-    domains = sorted(k.split("/", 1)[1] for k in ref.summary["evaluations"][-1]["metrics"]
-                     if k.startswith("loss/"))  # fmt: skip
-    reference = {int(e["step"]): e["metrics"] for e in ref.summary["evaluations"]}
+    ref_last = last_in_the_run(ref.summary)["metrics"]
+    domains = sorted(k.split("/", 1)[1] for k in ref_last if k.startswith("loss/"))
+    own = in_the_run(ref.summary["phases"], ref.summary["evaluations"])
+    reference = {int(e["step"]): e["metrics"] for e in own}
     ref_row = {"run": ref.run_id, "seconds": float(ref.summary["total_seconds"])}
     record.update(domains=domains, trials=[ref_row])
     clock.stamp(record, ref_row["seconds"])
@@ -141,11 +143,11 @@ def doremi_search(
             "smoothing": SMOOTHING,
             "reference": {
                 "run": ref.run_id,
-                "metrics": ref.summary["evaluations"][-1]["metrics"],
+                "metrics": ref_last,
             },
             "proxy_run": {
                 "run": run.run_id,
-                "metrics": run.summary["evaluations"][-1]["metrics"],
+                "metrics": last_in_the_run(run.summary)["metrics"],
             },
             "history": reweighting.history,
             "recommended": {d: float(w) for d, w in zip(domains, averaged, strict=True)},

@@ -31,6 +31,7 @@ from ledgerlm.lab.mix_search.record import (
     write_event,
 )
 from ledgerlm.ledger.events import MIX_SEARCH, latest
+from ledgerlm.ledger.target import last_in_the_run
 from ledgerlm.mixture.dirichlet import dirichlet_around
 from ledgerlm.mixture.recommend import recommend
 from ledgerlm.mixture.regress import fit_regression
@@ -135,7 +136,7 @@ def search_mixture(
                 c = concentration if concentration is not None else float(len(domains))
                 mixtures = dirichlet_around(center, c, trials - 1, seed)
                 mix = natural
-            last = summary["evaluations"][-1]["metrics"]
+            last = last_in_the_run(summary)["metrics"]
             trial = Trial(run.run_id, dict(mix), dict(last), float(summary["total_seconds"]))
             done.append(trial)
             if run.how != "reused" or latest(summary, MIX_SEARCH) is None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ledgerlm.config import Recipe, apply_overrides, recipe_from_dict
+from ledgerlm.ledger.target import last_in_the_run
 from ledgerlm.progress import NullProgress, Progress
 from ledgerlm.train.distributed import one_process
 from ledgerlm.workspace import Workspace
@@ -77,7 +78,7 @@ def verify_mixture(
     for label, recipe in (("baseline", baseline), ("found", found)):
         results[label] = run_recipe(recipe, workspace, progress)
     rows = []
-    finals = {k: r.summary["evaluations"][-1]["metrics"] for k, r in results.items()}
+    finals = {k: last_in_the_run(r.summary)["metrics"] for k, r in results.items()}
     names = sorted({k for m in finals.values() for k in m if k.startswith("loss/")})
     for name in ["loss", *names]:
         a, b = finals["baseline"].get(name), finals["found"].get(name)

@@ -34,7 +34,7 @@ from typing import Any
 
 from ledgerlm.config import apply_overrides, recipe_from_dict
 from ledgerlm.lab.tune.record import trial_name
-from ledgerlm.ledger.target import higher_is_better
+from ledgerlm.ledger.target import higher_is_better, last_in_the_run
 from ledgerlm.train.stopping import Stop
 
 MISSED = 1e9
@@ -98,10 +98,10 @@ def trial_recipe(spec: TrialSpec) -> Any:
 
 def final_metric(summary: dict[str, Any], metric: str) -> float | None:
     """The validation metric of the run's last evaluation (None before any)."""
-    evaluations = summary.get("evaluations") or []
-    if not evaluations:
+    last = last_in_the_run(summary)
+    if last is None:
         return None
-    found = evaluations[-1]["metrics"].get(metric)
+    found = last["metrics"].get(metric)
     return None if found is None else float(found)
 
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ledgerlm.ledger.compare import compare_runs, finite
-from ledgerlm.ledger.target import higher_is_better
+from ledgerlm.ledger.target import higher_is_better, last_in_the_run
 from ledgerlm.report.plots import e, figure_html, page
 from ledgerlm.report.run.figures import (
     BPB_UNIT,
@@ -41,7 +41,7 @@ def _run_list(summaries: Sequence[Mapping[str, Any]], labels: Sequence[str]) -> 
             else "target NOT reached"
         )
         verdict += device_words(s)
-        last = s["evaluations"][-1]["metrics"] if s["evaluations"] else {}
+        last = (last_in_the_run(s) or {}).get("metrics") or {}
         if finite(last.get("bpb")) is not None:  # comparable across tokenizers
             verdict += f"; final validation {last['bpb']:.4f} bits per byte"
         metric = str(r["target_metric"])

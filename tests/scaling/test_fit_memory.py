@@ -118,9 +118,11 @@ def test_the_reference_fit_is_what_it_was():
             ]
             for p in (got, want)
         )
-        # as low as the pinned refit's (the second pinned one stopped 5e-8 above the
-        # minimum now reached); a refit of another resample is higher on this one's
-        assert f_got <= f_want * (1 + 1e-12), (f_got, f_want)
+        # as low as the pinned refit's, to the optimizer's reach (the second pinned one
+        # stopped 5e-8 above the minimum one build reaches; numpy 2.4.6 with scipy
+        # 1.17.1 stops 5e-10 above the pinned): a refit of another resample is about 10%
+        # higher on this one's
+        assert f_got <= f_want * (1 + 1e-7), (f_got, f_want)
 
 
 def _peak(fn) -> int:
